@@ -1,0 +1,193 @@
+"""Translate ``dsl.ast`` expressions to pyarrow compute.
+
+Used wherever the fabric itself applies a filter or a derived column on Arrow data:
+residual filters above a scan, S3 dataset pushdown (``pyarrow.dataset`` expressions),
+Kafka-scanned batches, and indexed datasets. Constant sub-trees (``now() - interval
+'5 minutes'``, session parameters) are folded to scalars first, with the session values
+bound as Arrow scalars, never as text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dsl.ast import (
+    Between,
+    Binary,
+    Call,
+    Column,
+    Expr,
+    InList,
+    IsNull,
+    Like,
+    Literal,
+    Param,
+    Unary,
+)
+
+
+class NotTranslatable(ValueError):
+    """The expression uses something pyarrow compute cannot evaluate here."""
+
+
+_CMP = {"=": "equal", "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal"}
+_ARITH = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def is_constant(e: Expr) -> bool:
+    """True when the expression refers to no column (params and now() are constants per query)."""
+    return not e.columns() and not any(isinstance(x, Call) and x.is_aggregate for x in e.walk())
+
+
+def eval_constant(e: Expr, params: Mapping[str, Any], now: dt.datetime | None = None) -> Any:
+    """Evaluate a column-free expression to a Python value."""
+    if isinstance(e, Literal):
+        return e.value
+    if isinstance(e, Param):
+        if e.name not in params:
+            raise KeyError(f"session value {e.name!r} is not bound")
+        return params[e.name]
+    if isinstance(e, Call) and e.name == "now" and not e.args:
+        return now or utcnow()
+    if isinstance(e, Unary):
+        v = eval_constant(e.operand, params, now)
+        return (not v) if e.op == "not" else -v
+    if isinstance(e, Binary) and e.op in _ARITH:
+        a, b = eval_constant(e.left, params, now), eval_constant(e.right, params, now)
+        if e.op == "+":
+            return a + b
+        if e.op == "-":
+            return a - b
+        if e.op == "*":
+            return a * b
+        return a / b
+    raise NotTranslatable(f"cannot evaluate {e} as a constant")
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, dt.datetime) and v.tzinfo is None:
+        v = v.replace(tzinfo=dt.UTC)
+    return v
+
+
+def match_tokens(query: str) -> list[str]:
+    return [t.lower() for t in _TOKEN.findall(query)]
+
+
+ColumnResolver = Callable[[Column], pc.Expression]
+
+
+def to_arrow(
+    e: Expr,
+    params: Mapping[str, Any],
+    *,
+    column: ColumnResolver | None = None,
+    now: dt.datetime | None = None,
+) -> pc.Expression:
+    """A ``pyarrow.compute.Expression`` for ``e``; raises NotTranslatable."""
+    col = column or (lambda c: pc.field(*c.name.split(".")) if "." in c.name else pc.field(c.name))
+
+    def go(x: Expr) -> Any:
+        if is_constant(x):
+            return pc.scalar(_scalar(eval_constant(x, params, now)))
+        if isinstance(x, Column):
+            return col(x)
+        if isinstance(x, Binary):
+            if x.op == "and":
+                return go(x.left) & go(x.right)
+            if x.op == "or":
+                return go(x.left) | go(x.right)
+            if x.op in _CMP:
+                return getattr(pc, _CMP[x.op])(go(x.left), go(x.right))
+            if x.op in _ARITH:
+                return getattr(pc, _ARITH[x.op] + ("_checked" if x.op != "/" else ""))(go(x.left), go(x.right))
+            if x.op == "||":
+                return pc.binary_join_element_wise(go(x.left), go(x.right), "")
+        if isinstance(x, Unary):
+            return ~go(x.operand) if x.op == "not" else pc.negate(go(x.operand))
+        if isinstance(x, IsNull):
+            r = pc.is_null(go(x.expr))
+            return ~r if x.negated else r
+        if isinstance(x, InList):
+            if isinstance(x.items, Param):
+                values = list(params[x.items.name])
+            else:
+                if not all(is_constant(i) for i in x.items):
+                    raise NotTranslatable(f"'in' list with column references: {x}")
+                values = [eval_constant(i, params, now) for i in x.items]
+            r = pc.is_in(go(x.expr), value_set=pa.array([_scalar(v) for v in values]))
+            return ~r if x.negated else r
+        if isinstance(x, Between):
+            r = (go(x.expr) >= go(x.low)) & (go(x.expr) <= go(x.high))
+            return ~r if x.negated else r
+        if isinstance(x, Like):
+            if not is_constant(x.pattern):
+                raise NotTranslatable(f"'like' with a non-constant pattern: {x}")
+            pattern = str(eval_constant(x.pattern, params, now))
+            r = pc.match_like(go(x.expr), pattern, ignore_case=x.case_insensitive)
+            return ~r if x.negated else r
+        if isinstance(x, Call):
+            return _call(x, go, params, now)
+        raise NotTranslatable(f"cannot apply {x} with pyarrow")
+
+    return go(e)
+
+
+def _call(x: Call, go: Callable[[Expr], Any], params: Mapping[str, Any], now: dt.datetime | None) -> Any:
+    name, args = x.name, x.args
+    if name == "lower" and len(args) == 1:
+        return pc.utf8_lower(go(args[0]))
+    if name == "upper" and len(args) == 1:
+        return pc.utf8_upper(go(args[0]))
+    if name == "length" and len(args) == 1:
+        return pc.utf8_length(go(args[0]))
+    if name == "abs" and len(args) == 1:
+        return pc.abs(go(args[0]))
+    if name == "coalesce" and args:
+        return pc.coalesce(*[go(a) for a in args])
+    if name == "match" and len(args) == 2 and is_constant(args[1]):
+        # keyword match: every token of the query appears as a word of the column (case-insensitive)
+        tokens = match_tokens(str(eval_constant(args[1], params, now)))
+        if not tokens:
+            return pc.scalar(False)
+        target = go(args[0])
+        r = None
+        for t in tokens:
+            m = pc.match_substring_regex(target, rf"(?i)(^|\W){re.escape(t)}($|\W)")
+            r = m if r is None else r & m
+        return r
+    raise NotTranslatable(f"function {name}() cannot be applied with pyarrow")
+
+
+def translatable(e: Expr, params: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``to_arrow`` can translate ``e`` (params may be unbound at plan time)."""
+    probe = dict(params or {})
+    for p in e.params():
+        probe.setdefault(p, [0] if _param_is_list(e, p) else 0)
+    try:
+        to_arrow(e, probe)
+        return True
+    except (NotTranslatable, TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+
+
+def _param_is_list(e: Expr, name: str) -> bool:
+    return any(isinstance(x, InList) and isinstance(x.items, Param) and x.items.name == name for x in e.walk())
+
+
+def filter_table(table: pa.Table, predicate: Expr | None, params: Mapping[str, Any], now: dt.datetime | None = None) -> pa.Table:
+    """Apply a (residual) predicate to an Arrow table; null counts as false (SQL semantics)."""
+    if predicate is None or table.num_rows == 0:
+        return table
+    return table.filter(to_arrow(predicate, params, now=now))

@@ -1,0 +1,192 @@
+"""The connector contract (after DataFusion's TableProvider and fsspec's small core).
+
+A *connection* (one entry under ``connections:`` in fabric.yaml: a MySQL server, a Mongo
+database, an S3 bucket, a Kafka cluster) opens *sources* (a table, a collection, a path
+glob, a topic). A source has a planning view, ``schema()``, ``supports_filter()``,
+``capabilities``, ``statistics()``, which the planner uses without moving data, and
+``scan(request)`` which streams Arrow record batches.
+
+Filters reach a source as ``dsl.ast`` expressions over the source's own (unqualified)
+column names, with ``Param`` nodes for session values; ``request.params`` holds their
+bound values. A source answers per filter:
+
+- ``EXACT``: the source applies it fully; the fabric trusts the result.
+- ``INEXACT``: the source may return extra rows (e.g. row-group pruning only); the fabric
+  re-applies the filter above the scan.
+- ``UNSUPPORTED``: the fabric applies it above the scan.
+
+A limit or order is pushed only when every filter of that source is EXACT.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from dsl.ast import Expr, SortKey
+
+
+class Pushdown(enum.Enum):
+    EXACT = "exact"
+    INEXACT = "inexact"
+    UNSUPPORTED = "unsupported"
+
+
+class SourceError(Exception):
+    """A source failed (down, timed out, refused). Names the source; the executor adds the binding."""
+
+    def __init__(self, uri: str, message: str, *, hint: str | None = None, retriable: bool = False):
+        self.uri = uri
+        self.hint = hint
+        self.retriable = retriable
+        super().__init__(f"source {uri}: {message}" + (f" (hint: {hint})" if hint else ""))
+
+
+class UnknownObjectError(LookupError):
+    """The connection has no such table / collection / path / topic."""
+
+    def __init__(self, uri: str, existing: list[str]):
+        self.uri = uri
+        self.existing = existing
+        super().__init__(f"{uri} does not exist; existing: {', '.join(existing) or '(none)'}")
+
+
+@dataclass(frozen=True)
+class ColumnStats:
+    distinct_count: int | None = None
+    null_count: int | None = None
+    min: Any = None
+    max: Any = None
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """What a source can tell cheaply. ``exact`` says whether row_count is exact."""
+
+    row_count: int | None = None
+    exact: bool = False
+    total_bytes: int | None = None
+    columns: Mapping[str, ColumnStats] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Freshness of a source as of a scan or now.
+
+    ``event_time``: newest event applied/visible (UTC, None if unknown);
+    ``lag_messages``: for logs, messages not yet visible; ``observed_at``: when measured.
+    """
+
+    observed_at: float = field(default_factory=time.time)
+    event_time: float | None = None
+    lag_messages: int | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    """What the planner asks of one source.
+
+    ``columns``: the source columns needed (None: all). ``filters``: conjuncts this source
+    said it supports (EXACT or INEXACT), unqualified. ``params``: bound session values for
+    the ``Param`` nodes inside ``filters`` (and dynamic-filter key lists). ``limit`` and
+    ``order_by`` are set only when every filter is EXACT. ``latest_by``: keep only the
+    newest record per key (logs). ``time_range``: (start, end) epoch seconds for logs.
+    """
+
+    columns: tuple[str, ...] | None = None
+    filters: tuple[Expr, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+    limit: int | None = None
+    order_by: tuple[SortKey, ...] = ()
+    latest_by: tuple[str, ...] = ()
+    time_range: tuple[float | None, float | None] | None = None
+    batch_size: int = 65_536
+    timeout: float | None = 30.0
+
+
+class Source:
+    """One table / collection / object set / topic. Subclasses implement schema() and scan()."""
+
+    #: 'projection', 'limit', 'order_by', 'latest_by', 'time_range'
+    capabilities: ClassVar[frozenset[str]] = frozenset({"projection"})
+
+    def __init__(self, uri: str):
+        self.uri = uri
+
+    def schema(self) -> pa.Schema:
+        raise NotImplementedError
+
+    def supports_filter(self, expr: Expr) -> Pushdown:
+        return Pushdown.UNSUPPORTED
+
+    def statistics(self) -> Statistics:
+        return Statistics()
+
+    def watermark(self) -> Watermark | None:
+        return None
+
+    def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri})"
+
+
+class Connection:
+    """One entry of ``connections:``; opens sources by object name."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, name: str, options: Mapping[str, Any]):
+        self.name = name
+        self.options = dict(options)
+
+    def source(self, obj: str, options: Mapping[str, Any] | None = None) -> Source:
+        """Open ``<kind>://<name>/<obj>``; raise UnknownObjectError listing what exists."""
+        raise NotImplementedError
+
+    def list_objects(self) -> list[str]:
+        return []
+
+    def ping(self) -> None:
+        """Raise SourceError if the server does not answer."""
+
+    def close(self) -> None:
+        pass
+
+
+#: kind -> "module:Class"; imported lazily so a missing optional driver only hurts its users.
+REGISTRY: dict[str, str] = {
+    "mysql": "connectors.sql:SqlConnection",
+    "postgres": "connectors.sql:SqlConnection",
+    "sql": "connectors.sql:SqlConnection",
+    "mongo": "connectors.mongo:MongoConnection",
+    "s3": "connectors.s3:S3Connection",
+    "file": "connectors.s3:S3Connection",
+    "kafka": "connectors.kafka:KafkaConnection",
+    "memory": "connectors.memory:MemoryConnection",
+}
+
+
+def connection_class(kind: str) -> type[Connection]:
+    try:
+        target = REGISTRY[kind]
+    except KeyError:
+        raise ValueError(f"unknown connection kind {kind!r}; known kinds: {', '.join(sorted(REGISTRY))}") from None
+    mod, _, cls = target.partition(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+def open_connection(name: str, options: Mapping[str, Any]) -> Connection:
+    return connection_class(options["kind"])(name, options)
+
+
+def to_table(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_batches(list(batches), schema=schema)

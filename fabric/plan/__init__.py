@@ -1,0 +1,1 @@
+"""Logical plans: frozen nodes, their text form (explain and test oracle)."""

@@ -1,0 +1,373 @@
+"""Logical plan nodes: frozen, hashable, typed, validated when built (after ibis).
+
+Column names in a plan are qualified by the binding's source alias (``m.name``); a
+``Scan`` maps its alias to a source URI. Rules in ``fabric/optimizer/`` rewrite plans
+into plans; ``explain()`` renders the indented text form that is both the output of
+``fabric explain`` and the oracle of the fixture tests, in the style of
+
+    Limit: 10
+      Sort: c.discount desc
+        Project: m.name, c.discount, c.code
+          Join: inner on c.merchant_id = m.id
+            ...
+              Scan: m <- mysql://shop/merchants projection=[id, name, geo_hash] exact=[status = 'active']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from dsl.ast import Call, Column, Expr, SortKey, conjuncts
+
+
+class PlanError(ValueError):
+    """A plan node was built with inconsistent inputs (a bug in a rule or the builder)."""
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """``freshness: {max_lag: 5s, on_stale: wait}``; max_lag in seconds and/or messages."""
+
+    max_lag_seconds: float | None = None
+    max_lag_messages: int | None = None
+    on_stale: str = "flag"  # wait | flag | fail
+    wait_timeout: float | None = None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.max_lag_seconds is not None:
+            parts.append(f"max_lag={self.max_lag_seconds:g}s")
+        if self.max_lag_messages is not None:
+            parts.append(f"max_lag_messages={self.max_lag_messages}")
+        parts.append(f"on_stale={self.on_stale}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Plan:
+    def children(self) -> tuple[Plan, ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Plan))
+
+    @property
+    def schema(self) -> pa.Schema:
+        raise NotImplementedError
+
+    def with_children(self, *children: Plan) -> Plan:
+        names = [f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Plan)]
+        return dataclasses.replace(self, **dict(zip(names, children, strict=True)))
+
+    def walk(self) -> Iterator[Plan]:
+        yield self
+        for c in self.children():
+            yield from c.walk()
+
+    def scans(self) -> list[Scan]:
+        return [p for p in self.walk() if isinstance(p, Scan)]
+
+    def header(self) -> str:
+        raise NotImplementedError
+
+    def explain(self, indent: int = 0, annotate: Any = None) -> str:
+        """Indented text; ``annotate(node) -> str | None`` appends run-time facts."""
+        extra = annotate(self) if annotate else None
+        line = "  " * indent + self.header() + (f"  [{extra}]" if extra else "")
+        return "\n".join([line, *(c.explain(indent + 1, annotate) for c in self.children())])
+
+
+def _qualify(alias: str, schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f"{alias}.{f.name}", f.type, f.nullable) for f in schema])
+
+
+def _exprs(items: tuple[Expr, ...]) -> str:
+    return "[" + ", ".join(str(e) for e in items) + "]"
+
+
+@dataclass(frozen=True)
+class DynamicFilter:
+    """Keys of ``column`` taken at run time from the already-computed ``from_expr`` of
+    another source and pushed into this scan as a bounded IN list (``max_keys``)."""
+
+    column: str
+    from_expr: Expr
+    max_keys: int = 10_000
+
+    def __str__(self) -> str:
+        return f"{self.column} in keys({self.from_expr}) max={self.max_keys}"
+
+
+@dataclass(frozen=True)
+class Scan(Plan):
+    """Read one source. ``source_schema`` holds the source's own column names.
+
+    After pushdown: ``projection`` (None: all columns), ``exact`` filters the source
+    applies fully, ``inexact`` filters it applies partially (a Filter above re-checks
+    them), ``limit``/``order_by`` only when all pushed filters are exact.
+    """
+
+    alias: str
+    uri: str
+    source_schema: pa.Schema
+    projection: tuple[str, ...] | None = None
+    exact: tuple[Expr, ...] = ()
+    inexact: tuple[Expr, ...] = ()
+    limit: int | None = None
+    order_by: tuple[SortKey, ...] = ()
+    latest_by: tuple[str, ...] = ()
+    dynamic: tuple[DynamicFilter, ...] = ()
+    freshness: Freshness | None = None
+    estimated_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        names = set(self.source_schema.names)
+        for c in (self.projection or ()) + self.latest_by:
+            if c not in names:
+                raise PlanError(f"scan {self.alias}: no column {c!r} in {self.uri}")
+
+    @property
+    def schema(self) -> pa.Schema:
+        s = self.source_schema
+        if self.projection is not None:
+            s = pa.schema([s.field(n) for n in self.projection])
+        return _qualify(self.alias, s)
+
+    def header(self) -> str:
+        parts = [f"Scan: {self.alias} <- {self.uri}"]
+        if self.projection is not None:
+            parts.append(f"projection=[{', '.join(self.projection)}]")
+        if self.latest_by:
+            parts.append(f"latest_by=[{', '.join(self.latest_by)}]")
+        if self.exact:
+            parts.append(f"exact={_exprs(self.exact)}")
+        if self.inexact:
+            parts.append(f"inexact={_exprs(self.inexact)}")
+        if self.dynamic:
+            parts.append(f"dynamic=[{', '.join(map(str, self.dynamic))}]")
+        if self.order_by:
+            parts.append(f"order_by={_exprs(self.order_by)}")
+        if self.limit is not None:
+            parts.append(f"limit={self.limit}")
+        if self.freshness:
+            parts.append(f"freshness=({self.freshness})")
+        if self.estimated_rows is not None:
+            parts.append(f"est_rows={self.estimated_rows}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class VectorSearch(Plan):
+    """k nearest rows of an indexed dataset to ``query`` (a Param or literal vector),
+    among rows satisfying ``filters`` (conjuncts over the dataset's columns). The
+    retrieval strategy (HNSW post-filter, HNSW in-search filter, pre-filter + exact,
+    exact scan) is chosen per execution by the cost model, because selectivity depends
+    on the session values."""
+
+    alias: str
+    uri: str
+    source_schema: pa.Schema
+    column: str
+    query: Expr
+    k: int
+    filters: tuple[Expr, ...] = ()
+    projection: tuple[str, ...] | None = None
+    metric: str | None = None
+    distance_column: str = "_distance"
+    freshness: Freshness | None = None
+
+    def __post_init__(self) -> None:
+        if self.k <= 0:
+            raise PlanError(f"nearest k must be positive, got {self.k}")
+        if self.column not in self.source_schema.names:
+            raise PlanError(f"vector search {self.alias}: no column {self.column!r} in {self.uri}")
+
+    @property
+    def schema(self) -> pa.Schema:
+        s = self.source_schema
+        if self.projection is not None:
+            s = pa.schema([s.field(n) for n in self.projection])
+        return _qualify(self.alias, s.append(pa.field(self.distance_column, pa.float32())))
+
+    def header(self) -> str:
+        parts = [f"VectorSearch: {self.alias} <- {self.uri} nearest({self.column}, {self.query}) k={self.k}"]
+        if self.metric:
+            parts.append(f"metric={self.metric}")
+        if self.projection is not None:
+            parts.append(f"projection=[{', '.join(self.projection)}]")
+        if self.filters:
+            parts.append(f"filters={_exprs(self.filters)}")
+        if self.freshness:
+            parts.append(f"freshness=({self.freshness})")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Filter(Plan):
+    input: Plan
+    predicate: Expr
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema
+
+    def header(self) -> str:
+        return f"Filter: {self.predicate}"
+
+    @property
+    def conjuncts(self) -> list[Expr]:
+        return conjuncts(self.predicate)
+
+
+@dataclass(frozen=True)
+class Derive(Plan):
+    """Add computed columns ``alias.name = expr`` (``derive:`` in a source)."""
+
+    input: Plan
+    items: tuple[tuple[str, Expr, pa.DataType], ...]
+
+    @property
+    def schema(self) -> pa.Schema:
+        s = self.input.schema
+        for name, _, typ in self.items:
+            s = s.append(pa.field(name, typ))
+        return s
+
+    def header(self) -> str:
+        return "Derive: " + ", ".join(f"{n} = {e}" for n, e, _ in self.items)
+
+
+@dataclass(frozen=True)
+class Join(Plan):
+    left: Plan
+    right: Plan
+    on: Expr
+    how: str = "inner"  # inner | left
+    estimated_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.how not in ("inner", "left"):
+            raise PlanError(f"join kind {self.how!r} is not supported")
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema(list(self.left.schema) + list(self.right.schema))
+
+    def header(self) -> str:
+        return f"Join: {self.how} on {self.on}"
+
+
+@dataclass(frozen=True)
+class Project(Plan):
+    """The select list: output name, expression, output type."""
+
+    input: Plan
+    items: tuple[tuple[str, Expr, pa.DataType], ...]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field(n, t) for n, _, t in self.items])
+
+    def header(self) -> str:
+        return "Project: " + ", ".join(
+            str(e) if isinstance(e, Column) and e.name == n.split(".")[-1] else f"{e} as {n}" for n, e, _ in self.items
+        )
+
+
+@dataclass(frozen=True)
+class Aggregate(Plan):
+    input: Plan
+    group_by: tuple[tuple[str, Expr, pa.DataType], ...]
+    aggregates: tuple[tuple[str, Call, pa.DataType], ...]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field(n, t) for n, _, t in self.group_by + self.aggregates])
+
+    def header(self) -> str:
+        g = ", ".join(str(e) for _, e, _ in self.group_by)
+        a = ", ".join(f"{e} as {n}" for n, e, _ in self.aggregates)
+        return f"Aggregate: group_by=[{g}] aggregates=[{a}]"
+
+
+@dataclass(frozen=True)
+class Sort(Plan):
+    input: Plan
+    keys: tuple[SortKey, ...]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema
+
+    def header(self) -> str:
+        return "Sort: " + ", ".join(str(k) for k in self.keys)
+
+
+@dataclass(frozen=True)
+class Limit(Plan):
+    input: Plan
+    n: int
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 0 or self.offset < 0:
+            raise PlanError("limit and offset must be non-negative")
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema
+
+    def header(self) -> str:
+        return f"Limit: {self.n}" + (f" offset {self.offset}" if self.offset else "")
+
+
+@dataclass(frozen=True)
+class SandboxLimitsSpec:
+    cpu_seconds: float | None = None
+    wall_seconds: float | None = None
+    memory_mb: int | None = None
+    output_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class UserFunction(Plan):
+    """``pushdown: python:``: run(table) in a sandboxed worker next to the data."""
+
+    input: Plan
+    code: str
+    file: str
+    line: int
+    col: int = 1
+    params: tuple[str, ...] = ()
+    limits: SandboxLimitsSpec = field(default_factory=SandboxLimitsSpec)
+    output_schema: pa.Schema | None = None
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.output_schema if self.output_schema is not None else self.input.schema
+
+    def header(self) -> str:
+        p = f" params=[{', '.join(self.params)}]" if self.params else ""
+        return f"UserFunction: python sandbox ({self.file}:{self.line}){p}"
+
+
+@dataclass(frozen=True)
+class EncryptedScore(Plan):
+    """Score an encrypted session vector against each input row, under CKKS.
+
+    ``expr`` is e.g. ``dot({{session.ctx}}, n.embedding)`` or
+    ``weighted({{session.ctx}}, [..], b)``; the output column ``name`` is encrypted."""
+
+    input: Plan
+    name: str
+    expr: Call
+    depth: int = 1
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema.append(pa.field(self.name, pa.binary()))
+
+    def header(self) -> str:
+        return f"EncryptedScore: {self.name} = {self.expr} (CKKS, depth {self.depth})"
