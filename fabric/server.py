@@ -1,0 +1,294 @@
+"""``fabric serve``: ingest every Kafka-fed dataset and serve freshness to schedulers.
+
+Endpoints (docs/freshness.md has the JSON shapes and the KEDA paths):
+
+- ``GET /v1/freshness``: every source and binding (state, lags, since, rate, last error);
+  ``?source=NAME`` or ``?binding=NAME`` narrows it to one entry.
+- ``GET /metrics``: Prometheus exposition (lag gauges, stale flags, ingest and dead-letter
+  counters, dropped signals).
+- ``GET /v1/events``: server-sent events, one per transition (``?heartbeats=1`` adds the
+  heartbeats); the stream starts with one ``state`` event per source.
+- ``GET /healthz``.
+
+The HTTP layer needs only a ``FreshnessTracker`` (``create_app``), so it runs without Kafka.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fabric.freshness import FreshnessTracker
+from fabric.signals import HEARTBEAT, SignalEmitter, iso, make_event
+
+log = logging.getLogger("fabric.server")
+
+
+class FreshnessCollector:
+    """Prometheus collector reading the tracker at scrape time (no second bookkeeping)."""
+
+    def __init__(self, tracker: FreshnessTracker, emitter: SignalEmitter | None = None):
+        self.tracker = tracker
+        self.emitter = emitter
+
+    def collect(self):
+        snap = self.tracker.snapshot()
+        src = snap["sources"]
+        families = {
+            "lag_messages": GaugeMetricFamily(
+                "fabric_source_lag_messages",
+                "Messages in the log not yet applied",
+                labels=["source"],
+            ),
+            "lag_seconds": GaugeMetricFamily(
+                "fabric_source_lag_seconds", "Seconds behind the newest event", labels=["source"]
+            ),
+            "stale": GaugeMetricFamily(
+                "fabric_source_stale", "1 if the source is stale", labels=["source"]
+            ),
+            "ingest_rate": GaugeMetricFamily(
+                "fabric_source_ingest_rate",
+                "Messages applied per second (window)",
+                labels=["source"],
+            ),
+        }
+        ingested = CounterMetricFamily(
+            "fabric_source_ingested_messages", "Messages applied", labels=["source"]
+        )
+        dead = CounterMetricFamily(
+            "fabric_source_dead_letters", "Messages dead-lettered", labels=["source"]
+        )
+        errored = GaugeMetricFamily(
+            "fabric_source_error", "1 if the source reports an error", labels=["source"]
+        )
+        for name, s in src.items():
+            for key, fam in families.items():
+                v = s[key]
+                fam.add_metric([name], float(v) if v is not None else float("nan"))
+            ingested.add_metric([name], s["ingested_total"])
+            dead.add_metric([name], s["dead_letter_total"])
+            errored.add_metric([name], 1.0 if s["last_error"] else 0.0)
+        bstale = GaugeMetricFamily(
+            "fabric_binding_stale", "1 if the binding reads a stale source", labels=["binding"]
+        )
+        for name, b in snap["bindings"].items():
+            bstale.add_metric([name], b["stale"])
+        yield from families.values()
+        yield from (ingested, dead, errored, bstale)
+        if self.emitter is not None:
+            dropped = CounterMetricFamily(
+                "fabric_signals_dropped", "Pushed signals dropped (queue full)"
+            )
+            dropped.add_metric([], self.emitter.dropped)
+            yield dropped
+
+
+def create_app(
+    tracker: FreshnessTracker,
+    *,
+    emitter: SignalEmitter | None = None,
+    health: Callable[[], dict[str, Any]] | None = None,
+) -> Starlette:
+    registry = CollectorRegistry()
+    registry.register(FreshnessCollector(tracker, emitter))
+
+    async def freshness(request: Request) -> Response:
+        snap = tracker.snapshot()
+        if name := request.query_params.get("source"):
+            if name not in snap["sources"]:
+                return JSONResponse(
+                    {"error": f"unknown source {name!r}", "sources": sorted(snap["sources"])},
+                    status_code=404,
+                )
+            return JSONResponse(snap["sources"][name])
+        if name := request.query_params.get("binding"):
+            if name not in snap["bindings"]:
+                return JSONResponse(
+                    {"error": f"unknown binding {name!r}", "bindings": sorted(snap["bindings"])},
+                    status_code=404,
+                )
+            return JSONResponse(snap["bindings"][name])
+        return JSONResponse(snap)
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(request: Request) -> Response:
+        body: dict[str, Any] = {"status": "ok"}
+        if health is not None:
+            body.update(health())
+        return JSONResponse(body)
+
+    async def events(request: Request) -> Response:
+        heartbeats = request.query_params.get("heartbeats") in ("1", "true", "yes")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
+
+        def put(ev: dict[str, Any]) -> None:
+            if queue.full():  # a slow client loses its oldest events, never blocks the fabric
+                queue.get_nowait()
+            queue.put_nowait(ev)
+
+        def on_event(ev: dict[str, Any]) -> None:
+            if ev["event"] == HEARTBEAT and not heartbeats:
+                return
+            loop.call_soon_threadsafe(put, ev)
+
+        unsubscribe = tracker.listen(on_event)
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                snap = tracker.snapshot()
+                for name, s in snap["sources"].items():
+                    ev = make_event(
+                        "state",
+                        name,
+                        s["bindings"],
+                        s["lag_messages"],
+                        s["lag_seconds"],
+                        state=s["state"],
+                    )
+                    yield _sse(ev)
+                while True:
+                    try:
+                        ev = await asyncio.wait_for(queue.get(), timeout=1.0)
+                    except TimeoutError:
+                        if await request.is_disconnected():
+                            return
+                        yield b": keepalive\n\n"
+                        continue
+                    yield _sse(ev)
+            finally:
+                unsubscribe()
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    return Starlette(
+        routes=[
+            Route("/v1/freshness", freshness),
+            Route("/metrics", metrics),
+            Route("/v1/events", events),
+            Route("/healthz", healthz),
+        ]
+    )
+
+
+def _sse(ev: dict[str, Any]) -> bytes:
+    return f"event: {ev['event']}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n".encode()
+
+
+class ServerThread:
+    """Run an ASGI app with uvicorn in a daemon thread (tests, ``fabric.open`` users)."""
+
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((host, port))
+        except OSError as exc:
+            raise OSError(
+                f"fabric serve: cannot listen on {host}:{port}: {exc}; pick another --port"
+            ) from exc
+        self.host, self.port = self.sock.getsockname()[:2]
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1, access_log=False
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="fabric-http", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> ServerThread:
+        self.thread.start()
+        deadline = threading.Event()
+        for _ in range(int(timeout / 0.02)):
+            if self.server.started:
+                return self
+            deadline.wait(0.02)
+        raise RuntimeError(f"fabric HTTP server on {self.url} did not start within {timeout}s")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(5.0)
+        self.sock.close()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``fabric serve [--config fabric.yaml] [--host H] [--port P]``."""
+    p = argparse.ArgumentParser(prog="fabric serve", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--config", default="fabric.yaml", help="path to fabric.yaml (default: ./fabric.yaml)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8700, help="port to listen on (default 8700)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+
+    from fabric.datasets import FabricService
+
+    path = Path(args.config)
+    if not path.exists():
+        print(
+            f"fabric serve: config file {path} not found; pass --config PATH or run in the directory holding fabric.yaml",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        service = FabricService.from_config_file(path)
+    except Exception as exc:  # config errors are already formatted with file:line:col
+        print(f"fabric serve: {exc}", file=sys.stderr)
+        return 2
+    service.start()
+    app = create_app(service.tracker, emitter=service.emitter, health=service.health)
+    try:
+        srv = ServerThread(app, args.host, args.port)
+    except OSError as exc:
+        service.stop()
+        print(str(exc), file=sys.stderr)
+        return 2
+    log.info(
+        "fabric serve: %s (freshness %s/v1/freshness, metrics %s/metrics)",
+        srv.url,
+        srv.url,
+        srv.url,
+    )
+    print(f"fabric serve: listening on {srv.url} at {iso(time.time())}", flush=True)
+    try:
+        srv.server.run(sockets=[srv.sock])
+    finally:
+        service.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
