@@ -88,7 +88,9 @@ class Star(Expr):
 
 @dataclass(frozen=True)
 class Literal(Expr):
-    """A constant. ``type`` is one of int, float, str, bool, null, timestamp, interval."""
+    """A constant. ``type`` is one of int, float, str, bool, null, timestamp, interval, list.
+
+    A ``list`` literal (``[0.5, 0.3, 0.2]``, e.g. policy weights) holds a tuple of constants."""
 
     value: Any
     type: str
@@ -231,6 +233,8 @@ def _lit(v: Any, t: str) -> str:
         return "'" + str(v).replace("'", "''") + "'"
     if t == "timestamp":
         return f"timestamp '{v.isoformat() if isinstance(v, _dt.datetime) else v}'"
+    if t == "list":
+        return "[" + ", ".join(_lit(x, "bool" if isinstance(x, bool) else "str" if isinstance(x, str) else "num") for x in v) + "]"
     if t == "interval":
         if isinstance(v, _dt.timedelta):
             secs = v.total_seconds()

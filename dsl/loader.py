@@ -1,0 +1,394 @@
+"""Binding files (YAML) -> ``BindingSpec``, validated strictly, with file positions.
+
+A file holds one binding or several YAML documents (``---``), each a binding. All
+problems of a document are collected (not just the first) so ``fabric validate`` can
+print them together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from dsl import parser as P
+from dsl.errors import Diagnostic, DslError, Span
+from dsl.options import check_uri, make_freshness, make_limits, make_nearest
+from dsl.spec import (
+    BindingSpec,
+    DeriveItem,
+    JoinSpec,
+    Name,
+    PushdownSpec,
+    SelectItem,
+    SessionParam,
+    SourceSpec,
+)
+from dsl.yamlpos import Container, Entry, YamlText
+
+BINDING_KEYS = (
+    "binding",
+    "description",
+    "session",
+    "sources",
+    "select",
+    "group_by",
+    "order_by",
+    "limit",
+    "offset",
+    "pushdown",
+)
+SOURCE_KEYS = ("from", "where", "join", "latest_by", "freshness", "derive", "nearest")
+JOIN_KEYS = ("on", "how")
+NEAREST_KEYS = ("column", "to", "k", "metric")
+FRESHNESS_KEYS = ("max_lag", "max_lag_messages", "on_stale", "wait_timeout")
+PUSHDOWN_KEYS = ("python", "limits", "params")
+
+
+def load_file(path: str | Path, display: str | None = None) -> list[BindingSpec]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise DslError.at(
+            f"cannot read binding file: {e.strerror}", Span(display or str(p), 1, 1)
+        ) from None
+    return load_text(text, display or str(p))
+
+
+def load_text(text: str, file: str = "<yaml>") -> list[BindingSpec]:
+    """Every binding in a YAML text; raises DslError with all problems found."""
+    y = YamlText(text, file)
+    docs = y.documents()
+    if not docs:
+        raise y.error(
+            "the binding file is empty", Span(file, 1, 1, 1, 2), "start with: binding: <name>"
+        )
+    specs, problems = [], []
+    for doc in docs:
+        try:
+            specs.append(_binding(y, doc))
+        except DslError as e:
+            problems.extend(y.with_source(e).diagnostics)
+    if problems:
+        raise DslError(problems)
+    seen: dict[str, BindingSpec] = {}
+    for s in specs:
+        if s.name in seen:
+            raise y.error(f"binding '{s.name}' is defined twice in this file", s.name_span)
+        seen[s.name] = s
+    return specs
+
+
+# ------------------------------------------------------------------ pieces
+
+
+def _expr(y: YamlText, c: Container, key: Any, what: str):
+    text, ln, col, positions = y.scalar(c, key)
+    if isinstance(c[key], Container):
+        raise y.error(
+            f"{what} must be an expression (text), got a {'mapping' if isinstance(c[key], CommentedMap) else 'list'}",
+            y.value_span(c, key),
+        )
+    return P.parse_expr(text, y.file, ln, col, positions=positions, what=what)
+
+
+def _entry_parse(y: YamlText, e: Entry, fn, label: str, **kw):
+    if e.container is not None or e.sub is not None or e.line == 0:
+        raise y.error(f"{label} must be text", e.span)
+    return fn(e.text, y.file, e.line, e.col, positions=e.positions, **kw)
+
+
+def _parse_with(y: YamlText, c: Container, key: Any, fn, what: str):
+    if isinstance(c[key], Container) or c[key] is None:
+        raise y.error(f"{what} must be text", y.value_span(c, key))
+    text, ln, col, positions = y.scalar(c, key)
+    return fn(text, y.file, ln, col, positions=positions)
+
+
+def _name(y: YamlText, c: Container, key: Any, what: str) -> Name:
+    v = c[key]
+    if not isinstance(v, str) or not v.strip():
+        raise y.error(f"{what} must be a name", y.value_span(c, key))
+    span = y.value_span(c, key)
+    v = v.strip()
+    if not v.replace("_", "a").replace(".", "a").isalnum() or v[0].isdigit():
+        raise y.error(
+            f"{what} '{v}' is not a valid name",
+            span,
+            "use letters, digits and _ (not starting with a digit)",
+        )
+    return Name(v, span)
+
+
+def _key_name(y: YamlText, m: CommentedMap, key: Any, what: str) -> Name:
+    span = y.key_span(m, key)
+    k = str(key)
+    if not k.replace("_", "a").isalnum() or k[0].isdigit():
+        raise y.error(
+            f"{what} '{k}' is not a valid name",
+            span,
+            "use letters, digits and _ (not starting with a digit)",
+        )
+    return Name(k, span)
+
+
+def _binding(y: YamlText, doc: Any) -> BindingSpec:
+    if not isinstance(doc, CommentedMap):
+        raise y.error(
+            "a binding file must be a mapping with 'binding:' and 'sources:'",
+            y.node_span(doc) or Span(y.file, 1, 1),
+        )
+    problems: list[Diagnostic] = []
+
+    def collect(fn, *args):
+        try:
+            return fn(*args)
+        except DslError as e:
+            problems.extend(y.with_source(e).diagnostics)
+            return None
+
+    collect(y.check_keys, doc, BINDING_KEYS, "binding", ("binding", "sources"))
+    if "binding" not in doc:
+        raise DslError(problems)
+    name = _name(y, doc, "binding", "binding name")
+
+    session = collect(_session, y, doc) or ()
+    sources = collect(_sources, y, doc) or () if "sources" in doc else ()
+    select = collect(_select, y, doc) if "select" in doc else ()
+    group_by: tuple = ()
+    if "group_by" in doc:
+        group_by = (
+            collect(
+                lambda: tuple(
+                    x
+                    for e in y.entries(doc, "group_by", mapping=False)
+                    for x in _entry_parse(y, e, P.parse_exprs, "group_by", what="group_by")
+                )
+            )
+            or ()
+        )
+    order_by: tuple = ()
+    if "order_by" in doc:
+        order_by = (
+            collect(
+                lambda: tuple(
+                    x
+                    for e in y.entries(doc, "order_by", mapping=False)
+                    for x in _entry_parse(y, e, P.parse_order_by, "order_by")
+                )
+            )
+            or ()
+        )
+    limit = collect(y.integer, doc, "limit", "limit") if "limit" in doc else None
+    offset = collect(y.integer, doc, "offset", "offset") if "offset" in doc else 0
+    pushdown = collect(_pushdown, y, doc) if "pushdown" in doc else None
+    description = (
+        collect(y.string, doc, "description", "description") if "description" in doc else None
+    )
+    if problems:
+        raise DslError(problems)
+    return BindingSpec(
+        name=name.value,
+        sources=sources,
+        session=session,
+        select=select or (),
+        group_by=group_by,
+        order_by=order_by,
+        limit=limit,
+        offset=offset or 0,
+        pushdown=pushdown,
+        description=description,
+        file=y.file,
+        span=y.node_span(doc),
+        name_span=name.span,
+    )
+
+
+def _session(y: YamlText, doc: CommentedMap) -> tuple[SessionParam, ...]:
+    if "session" not in doc or doc["session"] is None:
+        return ()
+    m = y.mapping(doc, "session", "session")
+    out = []
+    for key in m:
+        n = _key_name(y, m, key, "session value")
+        t = _parse_with(y, m, key, P.parse_type, f"type of session value '{key}'")
+        out.append(SessionParam(n.value, t, span=n.span))
+    return tuple(out)
+
+
+def _sources(y: YamlText, doc: CommentedMap) -> tuple[SourceSpec, ...]:
+    m = y.mapping(doc, "sources", "sources")
+    if not m:
+        raise y.error("a binding needs at least one source", y.value_span(doc, "sources"))
+    out, problems = [], []
+    for key in m:
+        try:
+            out.append(_source(y, m, key))
+        except DslError as e:
+            problems.extend(y.with_source(e).diagnostics)
+    if problems:
+        raise DslError(problems)
+    return tuple(out)
+
+
+def _source(y: YamlText, parent: CommentedMap, key: Any) -> SourceSpec:
+    alias = _key_name(y, parent, key, "source alias")
+    m = y.mapping(parent, key, f"source '{key}'")
+    problems: list[Diagnostic] = []
+    try:
+        y.check_keys(m, SOURCE_KEYS, f"source '{key}'", required=("from",))
+    except DslError as e:
+        problems.extend(e.diagnostics)
+        if "from" not in m:
+            raise
+    try:
+        return _source_body(y, parent, key, alias, m, problems)
+    except DslError as e:
+        raise DslError(problems + e.diagnostics) from None
+
+
+def _source_body(
+    y: YamlText,
+    parent: CommentedMap,
+    key: Any,
+    alias: Name,
+    m: CommentedMap,
+    problems: list[Diagnostic],
+) -> SourceSpec:
+    uri = y.string(m, "from", "from")
+    uri_span = y.value_span(m, "from")
+    check_uri(uri.strip(), uri_span)
+    where = (
+        tuple(
+            _entry_parse(y, e, P.parse_expr, "where", what="where")
+            for e in y.entries(m, "where", mapping=False)
+        )
+        if "where" in m
+        else ()
+    )
+    join = None
+    if "join" in m:
+        jv = m["join"]
+        if isinstance(jv, CommentedMap):
+            y.check_keys(jv, JOIN_KEYS, "join", required=("on",))
+            how = "inner"
+            if "how" in jv:
+                how = y.string(jv, "how", "join how")
+                if how not in ("inner", "left"):
+                    raise y.error(
+                        f"join how must be inner or left, got {how!r}", y.value_span(jv, "how")
+                    )
+            join = JoinSpec(_expr(y, jv, "on", "join"), how, span=y.value_span(jv, "on"))
+        else:
+            join = JoinSpec(_expr(y, m, "join", "join"), "inner", span=y.value_span(m, "join"))
+    latest_by = (
+        tuple(_name(y, c, k, "latest_by column") for c, k in y.items(m, "latest_by"))
+        if "latest_by" in m
+        else ()
+    )
+    freshness = None
+    if "freshness" in m:
+        fm = y.mapping(m, "freshness", "freshness")
+        y.check_keys(fm, FRESHNESS_KEYS, "freshness")
+        freshness = make_freshness(
+            [(str(k), fm[k], y.value_span(fm, k)) for k in fm], y.key_span(m, "freshness")
+        )
+    derive = ()
+    if "derive" in m:
+        y.mapping(m, "derive", "derive")
+        derive = tuple(
+            DeriveItem(
+                _entry_name(y, e, "derived column"),
+                _entry_parse(y, e, P.parse_expr, f"derive {e.key}", what=f"derive {e.key}"),
+            )
+            for e in y.entries(m, "derive", mapping=True)
+        )
+    nearest = None
+    if "nearest" in m:
+        nm = y.mapping(m, "nearest", "nearest")
+        y.check_keys(nm, NEAREST_KEYS, "nearest", required=("column", "to", "k"))
+        nearest = make_nearest(
+            _name(y, nm, "column", "nearest column"),
+            _expr(y, nm, "to", "nearest to"),
+            nm["k"],
+            y.value_span(nm, "k"),
+            nm.get("metric"),
+            y.value_span(nm, "metric") if "metric" in nm else None,
+            y.key_span(m, "nearest"),
+        )
+    if problems:
+        raise DslError(problems)
+    return SourceSpec(
+        alias,
+        uri.strip(),
+        uri_span,
+        where,
+        join,
+        latest_by,
+        freshness,
+        derive,
+        nearest,
+        span=y.key_span(parent, key),
+    )
+
+
+def _entry_name(y: YamlText, e: Entry, what: str) -> Name:
+    k = e.key or ""
+    if not k.replace("_", "a").isalnum() or k[0].isdigit():
+        raise y.error(
+            f"{what} '{k}' is not a valid name",
+            e.span,
+            "use letters, digits and _ (not starting with a digit)",
+        )
+    return Name(k, e.span)
+
+
+def _select(y: YamlText, doc: CommentedMap) -> tuple[SelectItem, ...]:
+    v = doc["select"]
+    out: list[SelectItem] = []
+
+    def aliased(entries: list[Entry]) -> None:
+        for e in entries:
+            n = _entry_name(y, e, "select alias")
+            expr = _entry_parse(
+                y, e, P.parse_expr, f"select item '{e.key}'", what=f"select item '{e.key}'"
+            )
+            out.append(SelectItem(expr, n.value, span=n.span))
+
+    if isinstance(v, CommentedMap):
+        aliased(y.entries(doc, "select", mapping=True))
+    elif isinstance(v, CommentedSeq) and not v.fa.flow_style():
+        for i, item in enumerate(v):
+            if isinstance(item, CommentedMap):
+                aliased(y.entries(v, i, mapping=True))
+            else:
+                for e in y.entries(v, i, mapping=False):
+                    out.extend(_entry_parse(y, e, P.parse_select, "select item"))
+    else:
+        for e in y.entries(doc, "select", mapping=False):
+            if e.sub is not None:
+                aliased(e.sub)
+            else:
+                out.extend(_entry_parse(y, e, P.parse_select, "select item"))
+    return tuple(out)
+
+
+def _pushdown(y: YamlText, doc: CommentedMap) -> PushdownSpec:
+    m = y.mapping(doc, "pushdown", "pushdown")
+    y.check_keys(m, PUSHDOWN_KEYS, "pushdown", required=("python",))
+    code = y.string(m, "python", "pushdown python")
+    _, ln, col, positions = y.scalar(m, "python")
+    if positions:
+        ln, col = positions[0]
+    limits = make_limits([])
+    if "limits" in m:
+        lm = y.mapping(m, "limits", "pushdown limits")
+        limits = make_limits([(str(k), lm[k], y.value_span(lm, k)) for k in lm])
+    params = (
+        tuple(_name(y, c, k, "pushdown param") for c, k in y.items(m, "params"))
+        if "params" in m
+        else ()
+    )
+    return PushdownSpec(code, limits, params, y.file, ln, col, span=y.key_span(m, "python"))
