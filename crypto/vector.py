@@ -56,6 +56,15 @@ class EncryptedVector:
     def __len__(self) -> int:
         return self.n
 
+    @property
+    def size(self) -> int:
+        """Number of values (``n``); the name ``dsl.types`` checks session values by."""
+        return self.n
+
+    def serialize(self) -> bytes:
+        """Alias of :meth:`to_bytes` (TenSEAL's method name, which ``dsl.types`` expects)."""
+        return self.to_bytes()
+
     def _payload(self) -> bytes:
         if not self.payload:
             from ._seal import to_bytes
