@@ -274,7 +274,13 @@ def _prepared_query(ctx, ev: EncryptedVector, ct, finish_: bool, op: str):
 
 
 def score_dot_packed(
-    ctx: PublicContext, enc: Any, candidates: Any, *, method: str = "diagonal", finish: bool = True
+    ctx: PublicContext,
+    enc: Any,
+    candidates: Any,
+    *,
+    bias: float | Sequence[float] | np.ndarray = 0.0,
+    method: str = "diagonal",
+    finish: bool = True,
 ) -> PackedScores:
     """Dot products of one encrypted d-dim vector with every row of ``candidates``.
 
@@ -286,7 +292,9 @@ def score_dot_packed(
 
     With ``finish`` the query is first dropped to level 1, so everything runs on the
     smallest ciphertexts, and the results come back at level 0 (smallest to send); without
-    it the results keep ``level - 1`` levels for further operations.
+    it the results keep ``level - 1`` levels for further operations. ``bias`` (a scalar or
+    one value per row) is added to the scores under encryption (depth 0), which makes
+    per-row weighted scores ``w_i . ctx + b_i`` a ``score_dot`` with ``W`` as candidates.
     """
     if method not in METHODS:
         raise ValueError(
@@ -299,33 +307,43 @@ def score_dot_packed(
     padded = np.zeros((rows, p))
     padded[:, : ev.n] = m
     record = OpRecord("score_dot", 1, f"{method}, {rows} candidates x {ev.n}")
+    biases = np.broadcast_to(np.asarray(bias, dtype=np.float64), (rows,))
+    if not np.all(np.isfinite(biases)):
+        raise ShapeError("score_dot: bias contains NaN or infinite values")
     cts: list = []
     index = np.zeros(rows, dtype=np.int64)
     slots = np.zeros(rows, dtype=np.int64)
 
-    def done(c, **layout):
+    def done(c, start: int, positions: np.ndarray, **layout):
+        """Record rows ``start ..`` held at ``positions`` of ciphertext ``c``."""
+        stop = start + len(positions)
+        if biases[start:stop].any():
+            plain = np.zeros(S)
+            plain[positions] = biases[start:stop]
+            if layout["period"] == 1:  # per-candidate: the score fills every slot
+                plain[:] = biases[start]
+            c = eng.add_plain(c, plain)
         c = eng.drop_to(c, 0) if finish else c
         cts.append(_result(ctx, ev, c, record, ev.depth + 1, **layout))
+        index[start:stop] = len(cts) - 1
+        slots[start:stop] = positions
 
     if method == "diagonal":
         for start in range(0, rows, S):
             block = padded[start : start + S]
-            done(_diagonal(eng, ct, block, p), n=len(block), period=S, stride=1)
-            index[start : start + S] = len(cts) - 1
-            slots[start : start + S] = np.arange(len(block))
+            y = _diagonal(eng, ct, block, p)
+            done(y, start, np.arange(len(block)), n=len(block), period=S, stride=1)
     elif method == "replicated":
         per = S // p
         for start in range(0, rows, per):
             block = padded[start : start + per]
             prod = eng.rescale(eng.mul_plain_raw(ct, _fill(block.ravel(), S)))
-            done(eng.sum_blocks(prod, p), n=len(block), period=S, stride=p)
-            index[start : start + per] = len(cts) - 1
-            slots[start : start + per] = np.arange(len(block)) * p
+            y = eng.sum_blocks(prod, p)
+            done(y, start, np.arange(len(block)) * p, n=len(block), period=S, stride=p)
     else:
         for i in range(rows):
             prod = eng.rescale(eng.mul_plain_raw(ct, np.tile(padded[i], S // p)))
-            done(eng.sum_blocks(prod, p), n=1, period=1, stride=1)
-            index[i] = i
+            done(eng.sum_blocks(prod, p), i, np.zeros(1, dtype=np.int64), n=1, period=1, stride=1)
     return PackedScores(tuple(cts), index, slots)
 
 
@@ -371,11 +389,25 @@ def _diagonal(eng: _seal.Engine, q, block: np.ndarray, p: int):
 
 
 def score_dot(
-    ctx: PublicContext, enc: Any, candidates: Any, *, method: str = "diagonal", finish: bool = True
+    ctx: PublicContext,
+    enc: Any,
+    candidates: Any,
+    *,
+    bias: float | Sequence[float] | np.ndarray = 0.0,
+    method: str = "diagonal",
+    finish: bool = True,
 ) -> pa.ExtensionArray:
     """Encrypted score column: one ``fabric.encrypted`` scalar per candidate row, in row
     order; rows share ciphertexts (see ``score_dot_packed``). Depth 1."""
-    return score_dot_packed(ctx, enc, candidates, method=method, finish=finish).to_arrow()
+    packed = score_dot_packed(ctx, enc, candidates, bias=bias, method=method, finish=finish)
+    return packed.to_arrow()
+
+
+def broadcast(value: EncryptedVector, rows: int) -> pa.ExtensionArray:
+    """A column of ``rows`` cells that all point at one encrypted value (stored once), e.g.
+    a query-level ``weighted(...)`` score attached to every result row."""
+    slot = 0 if value.n == 1 else None
+    return packed_array([value], [0] * rows, [slot] * rows, value.n)
 
 
 # ------------------------------------------------------------------------ polynomials
@@ -516,6 +548,7 @@ __all__ = [
     "EncryptedPlanInfo",
     "PackedScores",
     "add",
+    "broadcast",
     "depth_of",
     "dot",
     "finish",

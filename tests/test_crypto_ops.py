@@ -219,3 +219,23 @@ def test_dsl_session_type_accepts_encrypted_vectors(ring) -> None:
     assert coerce_value(ValueType("encrypted", size=3), enc, "ctx") is enc
     with pytest.raises(ValueError, match="size 3"):
         coerce_value(ValueType("encrypted", size=4), enc, "ctx")
+
+
+def test_score_dot_with_per_row_bias_is_a_per_row_weighted_score(ring, pub, rng) -> None:
+    ctx = rng.uniform(0, 1, 3)
+    weights, bias = rng.uniform(-1, 1, (50, 3)), rng.uniform(-1, 1, 50)
+    for method in ("diagonal", "replicated", "per_candidate"):
+        col = ops.score_dot(pub, ring.encrypt(ctx), weights, bias=bias, method=method)
+        assert np.max(np.abs(ring.decrypt(col) - (weights @ ctx + bias))) <= BOUND, method
+    col = ops.score_dot(pub, ring.encrypt(ctx), weights, bias=0.25)
+    assert np.max(np.abs(ring.decrypt(col) - (weights @ ctx + 0.25))) <= BOUND
+
+
+def test_empty_candidates_and_broadcast(ring, pub) -> None:
+    enc = ring.encrypt([0.5, 0.5])
+    empty = ops.score_dot(pub, enc, np.zeros((0, 2)))
+    assert len(empty) == 0 and len(ring.decrypt(empty)) == 0
+    risk = ops.weighted(pub, enc, [1.0, 1.0], 0.0)
+    col = ops.broadcast(risk, 4)
+    assert len(col.storage.field("ct").dictionary) == 1
+    assert ring.decrypt(col) == pytest.approx([1.0] * 4, abs=BOUND)
