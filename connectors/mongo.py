@@ -1,0 +1,468 @@
+"""MongoDB collections through pymongo (``mongo`` kind).
+
+Options: ``url`` (required), ``database`` (required), ``timeout`` (5 s: server selection,
+connect and socket timeouts), ``sample`` (100: documents read to infer a schema),
+``schemas`` (``{collection: {column: type}}``: declared schemas win over inference).
+
+Documents are flattened: the nested field ``meta.city`` is the column ``meta.city``;
+ObjectIds become strings, datetimes ``timestamp[us, UTC]``; a value that does not fit
+its column's type becomes null. Filters become ``find()`` filters in which every value
+is typed and wrapped in an explicit operator (``{"f": {"$eq": v}}``), so a session value
+that looks like an operator object is matched as a plain value. SQL semantics are kept:
+a comparison is never true for null/missing fields (``!=`` is ``$nin: [v, null]``), and
+``not`` is pushed down with De Morgan's laws before translating.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors._util import is_json_field, schema_from_spec, typed_params
+from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
+from connectors.base import (
+    Connection,
+    Pushdown,
+    ScanRequest,
+    Source,
+    SourceError,
+    Statistics,
+    UnknownObjectError,
+    Watermark,
+)
+from connectors.json_decode import infer_schema, rows_to_batch
+from dsl.ast import Between, Binary, Column, Expr, InList, IsNull, Like, Param, SortKey, Unary
+
+NEVER: dict[str, Any] = {"_id": {"$in": []}}  # matches no document
+_OPS = {"=": "$eq", "<": "$lt", "<=": "$lte", ">": "$gt", ">=": "$gte"}
+_FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_NEG = {"=": "!=", "!=": "=", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+
+
+def like_regex(pattern: str) -> str:
+    """SQL LIKE pattern (``%``, ``_``, backslash escapes) -> anchored, fully escaped regex."""
+    out, i = ["^"], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        i += 1
+    out.append("$")
+    return "".join(out)
+
+
+class _Translator:
+    def __init__(
+        self, src: MongoSource, params: Mapping[str, Any], now: dt.datetime, probe: bool = False
+    ):
+        self.src, self.params, self.now, self.probe = src, params, now, probe
+
+    def field(self, e: Expr) -> str:
+        if not isinstance(e, Column):
+            raise NotTranslatable(f"only columns can be compared in a Mongo filter: {e}")
+        f = self.src._fields.get(e.name)
+        if f is None:
+            raise NotTranslatable(f"unknown column {e.name}")
+        t = f.type
+        if is_json_field(f) or pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
+            raise NotTranslatable(
+                f"column {e.name} holds lists or objects (array matching differs from SQL)"
+            )
+        return e.name
+
+    def const(self, e: Expr) -> Any:
+        if not is_constant(e):
+            raise NotTranslatable(f"not a constant: {e}")
+        if self.probe and e.params():
+            return 0
+        v = eval_constant(e, self.params, self.now)
+        if isinstance(v, dt.datetime) and v.tzinfo is None:
+            v = v.replace(tzinfo=dt.UTC)
+        if isinstance(v, dt.date) and not isinstance(v, dt.datetime):
+            v = dt.datetime(v.year, v.month, v.day, tzinfo=dt.UTC)
+        if isinstance(v, dt.timedelta):
+            raise NotTranslatable("a bare interval")
+        return v
+
+    def oid(self, col: Expr, v: Any) -> Any:
+        """Strings compared with an ObjectId column are compared as ObjectIds."""
+        if isinstance(col, Column) and col.name in self.src.oid_columns and isinstance(v, str):
+            from bson import ObjectId
+
+            return ObjectId(v) if ObjectId.is_valid(v) else v
+        return v
+
+    def cmp(self, op: str, left: Expr, right: Expr) -> dict[str, Any]:
+        if is_constant(left) and not is_constant(right):
+            left, right, op = right, left, _FLIP[op]
+        name, v = self.field(left), self.oid(left, self.const(right))
+        if v is None:
+            return NEVER  # a comparison with null is never true
+        if op == "!=":
+            return {name: {"$nin": [v, None]}}
+        return {name: {_OPS[op]: v}}
+
+    def go(self, e: Expr, neg: bool = False) -> dict[str, Any]:
+        if is_constant(e):
+            v = True if self.probe else eval_constant(e, self.params, self.now)
+            if not isinstance(v, bool):
+                raise NotTranslatable(f"a constant filter must be true or false: {e}")
+            return {} if v != neg else NEVER
+        if isinstance(e, Unary) and e.op == "not":
+            return self.go(e.operand, not neg)
+        if isinstance(e, Binary) and e.op in ("and", "or"):
+            a, b = self.go(e.left, neg), self.go(e.right, neg)
+            conj = (e.op == "and") != neg
+            return {"$and": [a, b]} if conj else {"$or": [a, b]}
+        if isinstance(e, Binary) and e.op in _NEG:
+            return self.cmp(_NEG[e.op] if neg else e.op, e.left, e.right)
+        if isinstance(e, IsNull):
+            name = self.field(e.expr)
+            return {name: {"$ne": None}} if e.negated != neg else {name: {"$eq": None}}
+        if isinstance(e, Between):
+            lo, hi = Binary(">=", e.expr, e.low), Binary("<=", e.expr, e.high)
+            return self.go(Binary("and", lo, hi), neg != e.negated)
+        if isinstance(e, InList):
+            return self._in(e, neg != e.negated)
+        if isinstance(e, Like):
+            return self._like(e, neg != e.negated)
+        if (
+            isinstance(e, Column)
+            and self.src._fields.get(e.name) is not None
+            and self.src._fields[e.name].type == pa.bool_()
+        ):
+            return {self.field(e): {"$eq": not neg}}
+        raise NotTranslatable(f"cannot translate {e} to a Mongo filter")
+
+    def _in(self, e: InList, negated: bool) -> dict[str, Any]:
+        name = self.field(e.expr)
+        if isinstance(e.items, Param):
+            values = [0] if self.probe else list(self.params[e.items.name])
+        else:
+            values = [self.const(i) for i in e.items]
+        values = [
+            self.oid(
+                e.expr,
+                v.replace(tzinfo=dt.UTC) if isinstance(v, dt.datetime) and v.tzinfo is None else v,
+            )
+            for v in values
+        ]
+        if any(isinstance(v, dict | list) for v in values):
+            raise NotTranslatable("'in' with objects")
+        nonnull = [v for v in values if v is not None]
+        if not negated:
+            return {name: {"$in": nonnull}}
+        if len(nonnull) < len(values):
+            return NEVER  # x not in (.., null) is never true
+        return {name: {"$nin": [*nonnull, None]}}
+
+    def _like(self, e: Like, negated: bool) -> dict[str, Any]:
+        name = self.field(e.expr)
+        if not pa.types.is_string(self.src._fields[name].type):
+            raise NotTranslatable("'like' on a non-string column")
+        pattern = "" if self.probe else self.const(e.pattern)
+        if pattern is None:
+            return NEVER
+        if not isinstance(pattern, str):
+            raise NotTranslatable("'like' pattern must be a string")
+        rx = {"$regex": like_regex(pattern), "$options": "s" + ("i" if e.case_insensitive else "")}
+        if negated:
+            return {name: {"$not": rx, "$type": "string"}}
+        return {name: rx}
+
+
+class MongoSource(Source):
+    capabilities = frozenset({"projection", "limit", "order_by"})
+
+    def __init__(
+        self,
+        uri: str,
+        conn: MongoConnection,
+        collection: str,
+        schema: pa.Schema,
+        oid_columns: frozenset[str] = frozenset({"_id"}),
+    ):
+        super().__init__(uri)
+        self.oid_columns = oid_columns
+        self.conn = conn
+        self.collection = collection
+        self._schema = schema
+        self._fields = {f.name: f for f in schema}
+        self.last_filter: dict[str, Any] | None = None
+        self.last_stats: dict[str, int] = {}
+
+    @property
+    def coll(self) -> Any:
+        return self.conn.db[self.collection]
+
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def supports_filter(self, expr: Expr) -> Pushdown:
+        try:
+            _Translator(self, {}, utcnow(), probe=True).go(expr)
+        except (NotTranslatable, KeyError, TypeError):
+            return Pushdown.UNSUPPORTED
+        return Pushdown.EXACT
+
+    def find_filter(
+        self, filters: tuple[Expr, ...], params: Mapping[str, Any], now: dt.datetime | None = None
+    ) -> dict[str, Any]:
+        params = typed_params(filters, params, self._schema, self.uri)
+        tr = _Translator(self, params, now or utcnow())
+        parts = [tr.go(f) for f in filters]
+        parts = [p for p in parts if p]
+        return {} if not parts else parts[0] if len(parts) == 1 else {"$and": parts}
+
+    def statistics(self) -> Statistics:
+        try:
+            n = self.coll.estimated_document_count()
+        except Exception as exc:
+            raise self.conn.error(exc, self.collection) from exc
+        return Statistics(row_count=int(n), exact=False)
+
+    def watermark(self) -> Watermark:
+        now = time.time()
+        return Watermark(
+            observed_at=now, event_time=now, lag_messages=0, detail={"kind": "query time"}
+        )
+
+    def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        query = self.find_filter(request.filters, request.params)
+        self.last_filter = query
+        cols = list(request.columns) if request.columns is not None else self._schema.names
+        unknown = [c for c in cols if c not in self._fields]
+        if unknown:
+            raise KeyError(
+                f"{self.uri} has no column {', '.join(unknown)}; existing: {', '.join(self._schema.names)}"
+            )
+        schema = pa.schema([self._fields[c] for c in cols])
+        need = list(
+            dict.fromkeys(
+                [*cols, *(k.expr.name for k in request.order_by if isinstance(k.expr, Column))]
+            )
+        )
+        projection = {c: 1 for c in need}
+        if "_id" not in need:
+            projection["_id"] = 0
+        self.last_stats = {"documents": 0, "bad_values": 0}
+        if request.limit is not None and request.limit <= 0:
+            yield pa.RecordBatch.from_pylist([], schema=schema)
+            return
+        keys = request.order_by
+        if keys and not all(isinstance(k.expr, Column) for k in keys):
+            raise ValueError(
+                f"{self.uri}: can only order by columns, got {', '.join(map(str, keys))}"
+            )
+        try:
+            if not keys or _native_order(keys):
+                sort = [(k.expr.name, -1 if k.descending else 1) for k in keys]
+                yield from self._batches(
+                    self._find(query, projection, sort, request.limit, request), schema, request
+                )
+            elif len(keys) == 1:
+                # ascending, nulls last: non-null values in order, then the nulls
+                name, left = keys[0].expr.name, request.limit
+                nonnull = (
+                    {"$and": [query, {name: {"$ne": None}}]} if query else {name: {"$ne": None}}
+                )
+                nulls = {"$and": [query, {name: {"$eq": None}}]} if query else {name: {"$eq": None}}
+                for q in (nonnull, nulls):
+                    if left is not None and left <= 0:
+                        break
+                    for b in self._batches(
+                        self._find(q, projection, [(name, 1)], left, request), schema, request
+                    ):
+                        left = None if left is None else left - b.num_rows
+                        yield b
+            else:  # several keys with non-Mongo null placement: sort here
+                table = pa.Table.from_batches(
+                    list(
+                        self._batches(
+                            self._find(query, projection, [], None, request), schema, request
+                        )
+                    ),
+                    schema=schema,
+                )
+                table = _sort_table(table, keys)
+                if request.limit is not None:
+                    table = table.slice(0, request.limit)
+                yield from table.to_batches(max_chunksize=request.batch_size)
+        except (KeyError, ValueError):
+            raise
+        except Exception as exc:
+            raise self.conn.error(exc, self.collection) from exc
+
+    def _find(
+        self,
+        query: dict[str, Any],
+        projection: dict[str, int],
+        sort: list[tuple[str, int]],
+        limit: int | None,
+        request: ScanRequest,
+    ) -> Any:
+        cur = self.coll.find(query, projection, batch_size=max(1, min(request.batch_size, 10_000)))
+        if sort:
+            cur = cur.sort(sort)
+        if limit is not None:
+            cur = cur.limit(int(limit))
+        if request.timeout:
+            cur = cur.max_time_ms(int(request.timeout * 1000))
+        return cur
+
+    def _batches(
+        self, cursor: Any, schema: pa.Schema, request: ScanRequest
+    ) -> Iterator[pa.RecordBatch]:
+        buf: list[Mapping[str, Any]] = []
+        for doc in cursor:
+            buf.append(doc)
+            if len(buf) >= request.batch_size:
+                yield self._batch(buf, schema)
+                buf = []
+        if buf or self.last_stats["documents"] == 0:
+            yield self._batch(buf, schema)
+
+    def _batch(self, docs: list[Mapping[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
+        batch, errors = rows_to_batch(docs, schema, on_error="null")
+        self.last_stats["documents"] += len(docs)
+        self.last_stats["bad_values"] += len(errors)
+        return batch
+
+
+def _native_order(keys: tuple[SortKey, ...]) -> bool:
+    """Mongo sorts null/missing lowest: ascending puts nulls first, descending last."""
+    return all(
+        (k.nulls_first is True) if not k.descending else (k.nulls_first in (None, False))
+        for k in keys
+    )
+
+
+def _sort_table(table: pa.Table, keys: tuple[SortKey, ...]) -> pa.Table:
+    if not keys:
+        return table
+    # pyarrow sorts with one null placement; sort stably from the last key to the first
+    for k in reversed(keys):
+        order = "descending" if k.descending else "ascending"
+        idx = pc.sort_indices(
+            table, sort_keys=[(k.expr.name, order, "at_start" if k.nulls_first else "at_end")]
+        )
+        table = table.take(idx)
+    return table
+
+
+def _oid_columns(docs: list[Any], prefix: str = "") -> frozenset[str]:
+    from bson import ObjectId
+
+    out: set[str] = set()
+    for d in docs:
+        for k, v in d.items():
+            if isinstance(v, ObjectId):
+                out.add(prefix + k)
+            elif isinstance(v, dict):
+                out |= _oid_columns([v], f"{prefix}{k}.")
+    return frozenset(out)
+
+
+class MongoConnection(Connection):
+    kind = "mongo"
+
+    def __init__(self, name: str, options: Mapping[str, Any]):
+        super().__init__(name, options)
+        for key in ("url", "database"):
+            if not options.get(key):
+                raise ValueError(
+                    f"connection {name!r}: a mongo connection needs '{key}' (e.g. url: mongodb://host:27017, database: crm)"
+                )
+        self.timeout = float(options.get("timeout", 5))
+        self.sample = int(options.get("sample", 100))
+        self.schemas: Mapping[str, Mapping[str, str]] = options.get("schemas") or {}
+        self._client: Any = None
+
+    def uri(self, obj: str = "") -> str:
+        return f"mongo://{self.name}/{obj}"
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import pymongo
+
+            ms = int(self.timeout * 1000)
+            self._client = pymongo.MongoClient(
+                str(self.options["url"]),
+                serverSelectionTimeoutMS=ms,
+                connectTimeoutMS=ms,
+                socketTimeoutMS=int(float(self.options.get("read_timeout", 30)) * 1000),
+                tz_aware=True,
+            )
+        return self._client
+
+    @property
+    def db(self) -> Any:
+        return self.client[str(self.options["database"])]
+
+    def error(self, exc: BaseException, obj: str = "") -> SourceError:
+        import pymongo.errors as pe
+
+        msg = (
+            str(exc)
+            .split(", Timeout:")[0]
+            .split(", Topology Description")[0]
+            .split(", full error:")[0]
+        )
+        down = isinstance(
+            exc,
+            pe.AutoReconnect
+            | pe.ServerSelectionTimeoutError
+            | pe.NetworkTimeout
+            | pe.ExecutionTimeout,
+        )
+        hint = (
+            f"check that the MongoDB server at {self.options['url']} is running and reachable"
+            if down
+            else None
+        )
+        return SourceError(self.uri(obj), f"{type(exc).__name__}: {msg}", hint=hint, retriable=down)
+
+    def ping(self) -> None:
+        try:
+            self.client.admin.command("ping")
+        except Exception as exc:
+            raise self.error(exc) from exc
+
+    def list_objects(self) -> list[str]:
+        try:
+            return sorted(self.db.list_collection_names())
+        except Exception as exc:
+            raise self.error(exc) from exc
+
+    def source(self, obj: str, options: Mapping[str, Any] | None = None) -> MongoSource:
+        declared = (options or {}).get("schema") or self.schemas.get(obj)
+        existing = self.list_objects()
+        if obj not in existing:
+            raise UnknownObjectError(self.uri(obj), existing)
+        docs: list[Any] = []
+        if declared:
+            schema = schema_from_spec(declared)
+        else:
+            try:
+                docs = list(self.db[obj].find({}, limit=self.sample))
+            except Exception as exc:
+                raise self.error(exc, obj) from exc
+            schema = infer_schema(docs)
+        return MongoSource(
+            self.uri(obj), self, obj, schema, frozenset({"_id"}) | _oid_columns(docs)
+        )
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,460 @@
+"""Files in S3 (``s3`` kind) or a local directory (``file`` kind) through pyarrow datasets.
+
+Connection options, ``s3``: ``endpoint`` (e.g. ``http://127.0.0.1:8333``; omit for AWS),
+``bucket`` (required), ``access_key`` / ``secret_key`` (else ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` from the environment), ``region`` (us-east-1),
+``connect_timeout`` (5 s), ``request_timeout`` (30 s), ``retries`` (2).
+``file``: ``root`` (the directory objects are relative to). Both: ``schemas``
+(``{object: {column: type}}``) and ``formats`` (``{object: parquet|csv|json}``).
+
+An object is a path relative to the bucket/root: a file (``categories.csv``), a directory
+or prefix (``orders/``: every file below it), or a glob (``orders/*.parquet``, where ``*``
+also matches ``/`` so hive directories below are included). The format comes from the
+extension (.parquet/.pq, .csv/.tsv, .json/.jsonl/.ndjson) unless declared; directories
+named ``key=value`` are hive partitions and become columns.
+
+Every filter pyarrow can evaluate is EXACT: the scanner applies it fully. Before reading,
+partition filters drop whole files and Parquet row-group statistics drop row groups; the
+counts are in ``last_scan`` (files/row groups total and read, rows returned).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.dataset as ds
+from pyarrow import fs as pafs
+
+from connectors._util import BadValueError, schema_from_spec, typed_params
+from connectors.arrow_expr import NotTranslatable, to_arrow, utcnow
+from connectors.base import (
+    ColumnStats,
+    Connection,
+    Pushdown,
+    ScanRequest,
+    Source,
+    SourceError,
+    Statistics,
+    UnknownObjectError,
+    Watermark,
+)
+from dsl.ast import Expr, and_all
+
+_EXT = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".parq": "parquet",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+}
+_GLOB = set("*?[")
+
+
+def probe_params(expr: Expr, schema: pa.Schema) -> dict[str, Any]:
+    """Sample session values of the right type for checking a filter before values exist."""
+    import datetime as dt
+
+    from connectors._util import _column_of
+    from dsl.ast import Between, Binary, InList, Like, Param
+
+    samples = {
+        "int": 0,
+        "float": 0.0,
+        "str": "",
+        "bool": False,
+        "date": dt.date(2000, 1, 1),
+        "timestamp": dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
+    }
+
+    def sample(t: pa.DataType) -> Any:
+        if pa.types.is_integer(t):
+            return samples["int"]
+        if pa.types.is_floating(t) or pa.types.is_decimal(t):
+            return samples["float"]
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return samples["str"]
+        if pa.types.is_boolean(t):
+            return samples["bool"]
+        if pa.types.is_timestamp(t):
+            return samples["timestamp"]
+        if pa.types.is_date(t):
+            return samples["date"]
+        return 0
+
+    out: dict[str, Any] = {}
+    for x in expr.walk():
+        pairs: list[tuple[Any, Any, bool]] = []
+        if isinstance(x, Binary):
+            pairs = [(x.left, x.right, False), (x.right, x.left, False)]
+        elif isinstance(x, InList):
+            if isinstance(x.items, Param):
+                pairs = [(x.expr, x.items, True)]
+            else:
+                pairs = [(x.expr, i, False) for i in x.items]
+        elif isinstance(x, Between):
+            pairs = [(x.expr, x.low, False), (x.expr, x.high, False)]
+        elif isinstance(x, Like):
+            pairs = [(x.expr, x.pattern, False)]
+        for a, b, many in pairs:
+            c = _column_of(a)
+            if isinstance(b, Param) and c is not None and c.name in schema.names:
+                v = sample(schema.field(c.name).type)
+                out[b.name] = [v] if many else v
+    for p in expr.params():
+        out.setdefault(
+            p, [0] if any(isinstance(x, InList) and x.items == Param(p) for x in expr.walk()) else 0
+        )
+    return out
+
+
+def arrow_filter_ok(expr: Expr, schema: pa.Schema) -> bool:
+    """Whether pyarrow can evaluate ``expr`` over ``schema`` (checked on an empty table)."""
+    if any(
+        c.name not in schema.names and c.name.split(".")[0] not in schema.names
+        for c in expr.columns()
+    ):
+        return False
+    try:
+        e = to_arrow(expr, probe_params(expr, schema), now=utcnow())
+        schema.empty_table().filter(e)
+        return True
+    except (NotTranslatable, KeyError, TypeError, ValueError, pa.ArrowException):
+        return False
+
+
+class S3Source(Source):
+    capabilities = frozenset({"projection", "limit"})
+
+    def __init__(self, uri: str, conn: S3Connection, obj: str, options: Mapping[str, Any]):
+        super().__init__(uri)
+        self.conn = conn
+        self.obj = obj
+        self.options = dict(options)
+        self.last_scan: dict[str, int] = {}
+        self._files: list[pafs.FileInfo] = []
+        self._dataset: ds.FileSystemDataset | None = None
+        self._stats: Statistics | None = None
+        self.refresh()
+
+    # ----------------------------------------------------------------- files
+
+    def _list(self) -> tuple[list[pafs.FileInfo], str]:
+        path = self.conn.path(self.obj)
+        fs = self.conn.fs
+        parts = path.split("/")
+        first_glob = next((i for i, p in enumerate(parts) if _GLOB & set(p)), None)
+        if first_glob is None:
+            info = fs.get_file_info(path.rstrip("/"))
+            if info.type == pafs.FileType.File:
+                return [info], os.path.dirname(path.rstrip("/"))
+            if info.type == pafs.FileType.NotFound:
+                return [], path
+            base = path.rstrip("/")
+            pattern = None
+        else:
+            base = "/".join(parts[:first_glob])
+            pattern = path
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        files = []
+        for i in infos:
+            if i.type != pafs.FileType.File:
+                continue
+            rel = i.path[len(base) :].lstrip("/")
+            if any(seg.startswith(("_", ".")) for seg in rel.split("/")):
+                continue
+            if pattern is None or fnmatch.fnmatchcase(i.path, pattern):
+                files.append(i)
+        files.sort(key=lambda i: i.path)
+        return files, base
+
+    def _format(self, files: list[pafs.FileInfo]) -> str:
+        declared = self.options.get("format")
+        if declared:
+            if declared not in ("parquet", "csv", "json"):
+                raise ValueError(
+                    f"{self.uri}: unknown format {declared!r}; use parquet, csv or json"
+                )
+            return declared
+        kinds = {_EXT.get(os.path.splitext(f.path)[1].lower()) for f in files}
+        if None in kinds or len(kinds) != 1:
+            exts = sorted({os.path.splitext(f.path)[1] or "(none)" for f in files})
+            raise ValueError(
+                f"{self.uri}: cannot tell the file format from the extensions {', '.join(exts)}; "
+                "declare it (formats: {<object>: parquet|csv|json} in the connection)"
+            )
+        return kinds.pop()  # type: ignore[return-value]
+
+    def refresh(self) -> None:
+        """List the objects again and rebuild the dataset if they changed."""
+        try:
+            files, base = self._list()
+        except (OSError, pa.ArrowException) as exc:
+            raise self.conn.error(exc, self.obj) from exc
+        if not files:
+            raise UnknownObjectError(self.uri, self.conn.list_objects())
+        key = [(f.path, f.size, f.mtime) for f in files]
+        if self._dataset is not None and key == [(f.path, f.size, f.mtime) for f in self._files]:
+            return
+        self.format = self._format(files)
+        fmt: ds.FileFormat
+        if self.format == "parquet":
+            fmt = ds.ParquetFileFormat()
+        elif self.format == "csv":
+            delim = "\t" if files[0].path.endswith(".tsv") else self.options.get("delimiter", ",")
+            fmt = ds.CsvFileFormat(parse_options=pa.csv.ParseOptions(delimiter=delim))
+        else:
+            fmt = ds.JsonFileFormat()
+        hive = any("=" in seg for f in files for seg in f.path[len(base) :].split("/")[:-1])
+        declared = self.options.get("schema")
+        try:
+            dataset = ds.dataset(
+                [f.path for f in files],
+                filesystem=self.conn.fs,
+                format=fmt,
+                partitioning=ds.HivePartitioning.discover(infer_dictionary=False) if hive else None,
+                partition_base_dir=base if hive else None,
+            )
+            if declared:
+                want = schema_from_spec(declared)
+                fields = [
+                    want.field(n) if n in want.names else dataset.schema.field(n)
+                    for n in dataset.schema.names
+                ]
+                fields += [f for f in want if f.name not in dataset.schema.names]
+                dataset = dataset.replace_schema(pa.schema(fields))
+        except (OSError, pa.ArrowException) as exc:
+            raise self.conn.error(exc, self.obj) from exc
+        self._files, self._dataset, self._stats, self._fmt = files, dataset, None, fmt
+
+    @property
+    def dataset(self) -> ds.FileSystemDataset:
+        assert self._dataset is not None
+        return self._dataset
+
+    # ----------------------------------------------------------------- planning view
+
+    def schema(self) -> pa.Schema:
+        return self.dataset.schema
+
+    def supports_filter(self, expr: Expr) -> Pushdown:
+        return Pushdown.EXACT if arrow_filter_ok(expr, self.schema()) else Pushdown.UNSUPPORTED
+
+    def statistics(self) -> Statistics:
+        if self._stats is None:
+            self._stats = self._compute_stats()
+        return self._stats
+
+    def _compute_stats(self) -> Statistics:
+        size = sum(f.size or 0 for f in self._files)
+        if self.format != "parquet":
+            return Statistics(row_count=None, exact=False, total_bytes=size)
+        rows = 0
+        acc: dict[str, list[Any]] = {}  # column -> [min, max, null count, min/max known]
+        try:
+            for frag in self.dataset.get_fragments():
+                md = frag.metadata
+                rows += md.num_rows
+                for g in range(md.num_row_groups):
+                    rg = md.row_group(g)
+                    for c in range(rg.num_columns):
+                        col = rg.column(c)
+                        st = col.statistics
+                        a = acc.setdefault(col.path_in_schema, [None, None, 0, True])
+                        if st is None or not st.has_min_max:
+                            a[3] = False
+                            continue
+                        a[2] += st.null_count if st.has_null_count else 0
+                        try:
+                            a[0] = st.min if a[0] is None else min(a[0], st.min)
+                            a[1] = st.max if a[1] is None else max(a[1], st.max)
+                        except TypeError:
+                            a[3] = False
+        except (OSError, pa.ArrowException) as exc:
+            raise self.conn.error(exc, self.obj) from exc
+        names = set(self.schema().names)
+        cols = {
+            n: ColumnStats(null_count=a[2], min=a[0] if a[3] else None, max=a[1] if a[3] else None)
+            for n, a in acc.items()
+            if n in names
+        }
+        return Statistics(row_count=rows, exact=True, total_bytes=size, columns=cols)
+
+    def watermark(self) -> Watermark:
+        newest = max(
+            (f.mtime.timestamp() for f in self._files if f.mtime is not None), default=None
+        )
+        return Watermark(
+            event_time=newest,
+            detail={"kind": "newest object modification time", "files": len(self._files)},
+        )
+
+    # ----------------------------------------------------------------- scan
+
+    def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        self.refresh()
+        schema = self.schema()
+        cols = list(request.columns) if request.columns is not None else schema.names
+        unknown = [c for c in cols if c not in schema.names]
+        if unknown:
+            raise KeyError(
+                f"{self.uri} has no column {', '.join(unknown)}; existing: {', '.join(schema.names)}"
+            )
+        params = typed_params(request.filters, request.params, schema, self.uri)
+        pred = and_all(list(request.filters))
+        expr = to_arrow(pred, params, now=utcnow()) if pred is not None else None
+        stats = {
+            "files_total": len(self._files),
+            "files_read": 0,
+            "row_groups_total": 0,
+            "row_groups_read": 0,
+            "rows": 0,
+        }
+        self.last_scan = stats
+        try:
+            frags = (
+                list(self.dataset.get_fragments(filter=expr))
+                if expr is not None
+                else list(self.dataset.get_fragments())
+            )
+            stats["files_read"] = len(frags)
+            if self.format == "parquet":
+                pieces = []
+                for f in frags:
+                    stats["row_groups_total"] += f.metadata.num_row_groups
+                    pieces.extend(
+                        f.split_by_row_group(filter=expr, schema=schema)
+                        if expr is not None
+                        else f.split_by_row_group()
+                    )
+                stats["row_groups_read"] = len(pieces)
+                frags = pieces
+            target = ds.FileSystemDataset(
+                frags, schema=schema, format=self._fmt, filesystem=self.conn.fs
+            )
+            scanner = target.scanner(columns=cols, filter=expr, batch_size=request.batch_size)
+            left = request.limit
+            if left is not None and left <= 0:
+                yield pa.RecordBatch.from_pylist(
+                    [], schema=pa.schema([schema.field(c) for c in cols])
+                )
+                return
+            for b in scanner.to_batches():
+                if left is not None:
+                    b = b.slice(0, left)
+                    left -= b.num_rows
+                stats["rows"] += b.num_rows
+                yield b
+                if left is not None and left <= 0:
+                    return
+        except BadValueError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            raise self.conn.error(exc, self.obj) from exc
+
+
+class S3Connection(Connection):
+    kind = "s3"
+
+    def __init__(self, name: str, options: Mapping[str, Any]):
+        super().__init__(name, options)
+        self.local = options.get("kind") == "file"
+        if self.local:
+            if not options.get("root"):
+                raise ValueError(
+                    f"connection {name!r}: a file connection needs 'root' (a directory)"
+                )
+            self.base = os.path.abspath(str(options["root"]))
+        else:
+            if not options.get("bucket"):
+                raise ValueError(f"connection {name!r}: an s3 connection needs 'bucket'")
+            self.base = str(options["bucket"]).strip("/")
+        self._fs: pafs.FileSystem | None = None
+
+    def uri(self, obj: str = "") -> str:
+        return f"{'file' if self.local else 's3'}://{self.name}/{obj}"
+
+    def path(self, obj: str) -> str:
+        return f"{self.base}/{obj.lstrip('/')}"
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        if self._fs is None:
+            if self.local:
+                self._fs = pafs.LocalFileSystem()
+            else:
+                o = self.options
+                kw: dict[str, Any] = {
+                    "region": o.get("region", "us-east-1"),
+                    "connect_timeout": float(o.get("connect_timeout", 5)),
+                    "request_timeout": float(o.get("request_timeout", 30)),
+                    "retry_strategy": pafs.AwsStandardS3RetryStrategy(
+                        max_attempts=int(o.get("retries", 2)) + 1
+                    ),
+                }
+                ak = o.get("access_key") or os.environ.get("AWS_ACCESS_KEY_ID")
+                sk = o.get("secret_key") or os.environ.get("AWS_SECRET_ACCESS_KEY")
+                if ak and sk:
+                    kw.update(access_key=str(ak), secret_key=str(sk))
+                if o.get("endpoint"):
+                    ep = urlsplit(str(o["endpoint"]))
+                    kw.update(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https")
+                self._fs = pafs.S3FileSystem(**kw)
+        return self._fs
+
+    def error(self, exc: BaseException, obj: str = "") -> SourceError:
+        where = (
+            self.base
+            if self.local
+            else f"bucket {self.base} at {self.options.get('endpoint', 'AWS S3')}"
+        )
+        down = isinstance(exc, OSError)
+        return SourceError(
+            self.uri(obj),
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}",
+            hint=f"check that {where} is reachable and the credentials are right" if down else None,
+            retriable=down,
+        )
+
+    def ping(self) -> None:
+        try:
+            self.fs.get_file_info(self.base)
+        except (OSError, pa.ArrowException) as exc:
+            raise self.error(exc) from exc
+
+    def list_objects(self) -> list[str]:
+        """Files and top-level directories below the bucket/root (at most 200)."""
+        try:
+            infos = self.fs.get_file_info(
+                pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
+            )
+        except (OSError, pa.ArrowException) as exc:
+            raise self.error(exc) from exc
+        out: set[str] = set()
+        for i in infos:
+            rel = i.path[len(self.base) :].lstrip("/")
+            if i.type == pafs.FileType.Directory and "/" not in rel:
+                out.add(rel + "/")
+            elif i.type == pafs.FileType.File and "=" not in rel:
+                out.add(rel)
+        return sorted(out)[:200]
+
+    def source(self, obj: str, options: Mapping[str, Any] | None = None) -> S3Source:
+        opts: dict[str, Any] = {}
+        if obj in (self.options.get("schemas") or {}):
+            opts["schema"] = self.options["schemas"][obj]
+        if obj in (self.options.get("formats") or {}):
+            opts["format"] = self.options["formats"][obj]
+        opts.update(options or {})
+        return S3Source(self.uri(obj), self, obj, opts)
+
+
+__all__ = ["S3Connection", "S3Source", "arrow_filter_ok", "probe_params"]

@@ -1,0 +1,671 @@
+"""SQL databases through SQLAlchemy Core (``mysql``, ``postgres``, ``sql`` kinds).
+
+Options: ``url`` (SQLAlchemy URL; required), ``pool_size`` (5), ``max_overflow`` (5),
+``pool_recycle`` (1800 s), ``connect_timeout`` (5 s), ``read_timeout`` (30 s: also the
+longest a statement may run), ``schema`` (database schema to look tables up in).
+
+Filters become SQLAlchemy expressions in which every session value and literal is a
+bound parameter (``in {{session.list}}`` is an expanding bind parameter), so no value is
+ever part of the query text. Everything the translator accepts is EXACT; to keep that
+true on MySQL/MariaDB, where the usual collations compare strings case- and
+trailing-space-insensitively, string comparisons are made on the binary form
+(``CAST(col AS BINARY)``; equality and ``in`` keep a plain comparison next to it so an
+index can still be used). Sorting on strings is binary too, and nulls sort last unless
+asked otherwise (as in DuckDB). Rows stream from a server-side cursor into Arrow batches.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mysql as sa_mysql
+from sqlalchemy.engine import Engine, make_url
+
+from connectors._util import BadValueError, typed_params
+from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
+from connectors.base import (
+    ColumnStats,
+    Connection,
+    Pushdown,
+    ScanRequest,
+    Source,
+    SourceError,
+    Statistics,
+    UnknownObjectError,
+    Watermark,
+)
+from dsl.ast import Between, Binary, Call, Column, Expr, InList, IsNull, Like, Param, Unary
+
+_CMP = {"=", "!=", "<", "<=", ">", ">="}
+_ANY = pa.null()  # the type of a session value while planning: fits any column
+
+
+def arrow_type(t: sa.types.TypeEngine) -> pa.DataType:
+    """Arrow type for a reflected column type (timestamps are read as UTC)."""
+    if isinstance(t, sa.Boolean) or (
+        isinstance(t, sa_mysql.TINYINT) and getattr(t, "display_width", None) == 1
+    ):
+        return pa.bool_()
+    if isinstance(t, sa.Integer):
+        return pa.int64()
+    if isinstance(t, sa.Numeric) and not isinstance(t, sa.Float):
+        p, s = getattr(t, "precision", None), getattr(t, "scale", None)
+        if p and s is not None and p <= 38:
+            return pa.decimal128(p, s)
+        return pa.float64()
+    if isinstance(t, sa.Float | sa.Numeric):
+        return pa.float64()
+    if isinstance(t, sa.DateTime):
+        return pa.timestamp("us", tz="UTC")
+    if isinstance(t, sa.Date):
+        return pa.date32()
+    if isinstance(t, sa.Time):
+        return pa.time64("us")
+    if isinstance(t, sa.Interval):
+        return pa.duration("us")
+    if isinstance(t, sa.LargeBinary | sa.types._Binary):
+        return pa.binary()
+    return pa.string()  # String, Text, Enum, JSON, UUID, anything else as text
+
+
+def _is_text(t: pa.DataType | None) -> bool:
+    if t is None:
+        return False
+    if t is _ANY:
+        return True
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _to_py(v: Any, t: pa.DataType) -> Any:
+    if v is None:
+        return None
+    if _is_text(t) and not isinstance(v, str):
+        import json
+
+        return (
+            v.decode()
+            if isinstance(v, bytes)
+            else json.dumps(v, default=str)
+            if isinstance(v, dict | list)
+            else str(v)
+        )
+    if pa.types.is_floating(t) and isinstance(v, decimal.Decimal):
+        return float(v)
+    if pa.types.is_boolean(t) and isinstance(v, int):
+        return bool(v)
+    return v
+
+
+class SqlSource(Source):
+    """One table or view."""
+
+    capabilities = frozenset({"projection", "limit", "order_by"})
+
+    def __init__(self, uri: str, conn: SqlConnection, table: sa.Table):
+        super().__init__(uri)
+        self.conn = conn
+        self.table = table
+        self._schema = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in table.columns])
+        self.mysql = conn.engine.dialect.name in ("mysql", "mariadb")
+        self._stats: Statistics | None = None
+        self.last_sql: str | None = None  # the statement text of the last scan (with placeholders)
+
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    # ----------------------------------------------------------------- translation
+
+    def supports_filter(self, expr: Expr) -> Pushdown:
+        try:
+            _Translator(self, {}, utcnow(), probe=True).go(expr)
+        except (NotTranslatable, KeyError, TypeError):
+            return Pushdown.UNSUPPORTED
+        return Pushdown.EXACT
+
+    def translate(self, e: Expr, params: Mapping[str, Any], now: dt.datetime) -> Any:
+        """SQLAlchemy boolean expression for ``e``; raises NotTranslatable."""
+        return _Translator(self, params, now).go(e)
+
+    # ----------------------------------------------------------------- planning view
+
+    def statistics(self) -> Statistics:
+        if self._stats is None:
+            try:
+                self._stats = self.conn.table_statistics(self)
+            except sa_exc.SQLAlchemyError:
+                self._stats = Statistics()
+        return self._stats
+
+    def watermark(self) -> Watermark:
+        now = time.time()
+        return Watermark(
+            observed_at=now, event_time=now, lag_messages=0, detail={"kind": "query time"}
+        )
+
+    # ----------------------------------------------------------------- scan
+
+    def statement(self, request: ScanRequest, now: dt.datetime | None = None) -> sa.Select:
+        now = now or utcnow()
+        params = typed_params(request.filters, request.params, self._schema, self.uri)
+        cols = list(request.columns) if request.columns is not None else self._schema.names
+        missing = [c for c in cols if c not in self.table.c]
+        if missing:
+            raise KeyError(
+                f"{self.uri} has no column {', '.join(missing)}; existing: {', '.join(self._schema.names)}"
+            )
+        stmt = sa.select(*[self.table.c[c] for c in cols]) if cols else sa.select(sa.literal(1))
+        for f in request.filters:
+            stmt = stmt.where(self.translate(f, params, now))
+        for key in request.order_by:
+            for clause in self._order(key, params, now):
+                stmt = stmt.order_by(clause)
+        if request.limit is not None:
+            stmt = stmt.limit(int(request.limit))
+        return stmt
+
+    def _order(self, key: Any, params: Mapping[str, Any], now: dt.datetime) -> list[Any]:
+        tr = _Translator(self, params, now)
+        e, typ = tr.value(key.expr)
+        if typ is not None and _is_text(typ):
+            if self.mysql:
+                e = sa.cast(e, sa_mysql.BINARY())
+            elif self.conn.engine.dialect.name == "postgresql":
+                e = e.collate("C")  # byte order, as Arrow compares strings
+        nulls_first = bool(key.nulls_first) if key.nulls_first is not None else False
+        out = []
+        if self.mysql:  # no NULLS FIRST/LAST: sort on "is null" first
+            flag = sa.case((e.is_(None), 1), else_=0)
+            out.append(flag.desc() if nulls_first else flag.asc())
+            out.append(e.desc() if key.descending else e.asc())
+        else:
+            o = e.desc() if key.descending else e.asc()
+            out.append(o.nulls_first() if nulls_first else o.nulls_last())
+        return out
+
+    def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        stmt = self.statement(request)
+        cols = list(request.columns) if request.columns is not None else self._schema.names
+        schema = pa.schema([self._schema.field(c) for c in cols])
+        self.last_sql = str(stmt.compile(self.conn.engine))
+        yield from self.conn.stream(self, stmt, schema, request)
+
+
+def _param_is_list(e: Expr, name: str) -> bool:
+    return any(
+        isinstance(x, InList) and isinstance(x.items, Param) and x.items.name == name
+        for x in e.walk()
+    )
+
+
+class _Translator:
+    """dsl.ast -> SQLAlchemy, binding every constant. ``value()`` returns (clause, arrow type)."""
+
+    def __init__(
+        self, src: SqlSource, params: Mapping[str, Any], now: dt.datetime, probe: bool = False
+    ):
+        self.src = src
+        self.params = params
+        self.now = now
+        self.probe = probe  # planning: session values are not known yet
+        self.pg = src.conn.engine.dialect.name == "postgresql"
+
+    def const(self, e: Expr) -> tuple[Any, pa.DataType | None]:
+        if self.probe and e.params():
+            return sa.bindparam(None, None), _ANY
+        v = eval_constant(e, self.params, self.now)
+        if isinstance(v, dt.timedelta):
+            raise NotTranslatable("interval values are folded into constants, not bound alone")
+        if isinstance(v, dict | list | tuple | set):
+            raise NotTranslatable(f"a {type(v).__name__} value cannot be compared here: {e}")
+        if isinstance(v, dt.datetime):
+            v = v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+            if self.src.mysql:
+                v = v.replace(tzinfo=None)  # the session time zone is UTC
+            return sa.bindparam(
+                None, v, type_=sa.DateTime(timezone=not self.src.mysql)
+            ), pa.timestamp("us", tz="UTC")
+        if v is None:
+            return sa.null(), None
+        if isinstance(v, bool):
+            return sa.bindparam(None, v, type_=sa.Boolean()), pa.bool_()
+        if isinstance(v, int):
+            return sa.bindparam(None, v, type_=sa.BigInteger()), pa.int64()
+        if isinstance(v, float):
+            return sa.bindparam(None, v, type_=sa.Float()), pa.float64()
+        if isinstance(v, str):
+            return sa.bindparam(None, v, type_=sa.String()), pa.string()
+        if isinstance(v, dt.date):
+            return sa.bindparam(None, v, type_=sa.Date()), pa.date32()
+        raise NotTranslatable(f"cannot bind a {type(v).__name__} value: {e}")
+
+    def value(self, e: Expr) -> tuple[Any, pa.DataType | None]:
+        if is_constant(e):
+            return self.const(e)
+        if isinstance(e, Column):
+            if e.name not in self.src.table.c:
+                raise NotTranslatable(f"unknown column {e.name}")
+            return self.src.table.c[e.name], self.src._schema.field(e.name).type
+        if isinstance(e, Binary) and e.op in ("+", "-", "*", "%"):
+            (a, ta), (b, tb) = self.value(e.left), self.value(e.right)
+            if not _numeric(ta) or not _numeric(tb):
+                raise NotTranslatable(f"arithmetic on non-numbers: {e}")
+            t = pa.float64() if pa.types.is_floating(ta) or pa.types.is_floating(tb) else ta
+            if e.op == "+":
+                return a + b, t
+            if e.op == "-":
+                return a - b, t
+            if e.op == "*":
+                return a * b, t
+            return a % b, t
+        if isinstance(e, Binary) and e.op == "||":
+            (a, ta), (b, tb) = self.value(e.left), self.value(e.right)
+            if not (_is_text(ta) and _is_text(tb)):
+                raise NotTranslatable(f"'||' on non-strings: {e}")
+            return a.concat(b), pa.string()
+        if isinstance(e, Unary) and e.op == "-":
+            a, ta = self.value(e.operand)
+            if not _numeric(ta):
+                raise NotTranslatable(f"negation of a non-number: {e}")
+            return -a, ta
+        if (
+            isinstance(e, Call)
+            and e.name in ("lower", "upper", "length", "abs")
+            and len(e.args) == 1
+        ):
+            a, ta = self.value(e.args[0])
+            if e.name in ("lower", "upper", "length") and not _is_text(ta):
+                raise NotTranslatable(f"{e.name}() of a non-string: {e}")
+            if e.name == "abs":
+                if not _numeric(ta):
+                    raise NotTranslatable(f"abs() of a non-number: {e}")
+                return sa.func.abs(a), ta
+            if e.name == "length":
+                return sa.func.char_length(a), pa.int64()
+            return getattr(sa.func, e.name)(a), pa.string()
+        if isinstance(e, Call) and e.name == "coalesce" and e.args:
+            vals = [self.value(a) for a in e.args]
+            types = {str(t) for _, t in vals if t is not None}
+            if len(types) > 1:
+                raise NotTranslatable(f"coalesce() over different types: {e}")
+            return sa.func.coalesce(*[v for v, _ in vals]), next(
+                (t for _, t in vals if t is not None), None
+            )
+        raise NotTranslatable(f"cannot translate {e} to SQL")
+
+    def _binary(self, clause: Any, t: pa.DataType | None) -> Any:
+        return (
+            sa.cast(clause, sa_mysql.BINARY())
+            if self.src.mysql and t is not None and _is_text(t)
+            else clause
+        )
+
+    def compare(self, op: str, left: Expr, right: Expr) -> Any:
+        (a, ta), (b, tb) = self.value(left), self.value(right)
+        _check_types(ta, tb, left, right)
+        if ta is None or tb is None:  # comparison with null: never true
+            return sa.false()
+        fn = {
+            "=": "__eq__",
+            "!=": "__ne__",
+            "<": "__lt__",
+            "<=": "__le__",
+            ">": "__gt__",
+            ">=": "__ge__",
+        }[op]
+        if _is_text(ta) and self.pg and op not in ("=", "!="):
+            return getattr(a.collate("C") if isinstance(left, Column) else a, fn)(
+                b.collate("C") if isinstance(right, Column) else b
+            )
+        if not (_is_text(ta) and self.src.mysql):
+            return getattr(a, fn)(b)
+        exact = getattr(self._binary(a, ta), fn)(self._binary(b, tb))
+        if op == "=":  # the collation-aware test can use an index; the binary one makes it exact
+            return sa.and_(a == b, exact)
+        return exact
+
+    def go(self, e: Expr) -> Any:
+        if is_constant(e):
+            if self.probe and e.params():
+                return sa.true()
+            v = eval_constant(e, self.params, self.now)
+            if not isinstance(v, bool):
+                raise NotTranslatable(f"a constant filter must be true or false: {e}")
+            return sa.true() if v else sa.false()
+        if isinstance(e, Binary) and e.op in ("and", "or"):
+            a, b = self.go(e.left), self.go(e.right)
+            return sa.and_(a, b) if e.op == "and" else sa.or_(a, b)
+        if isinstance(e, Unary) and e.op == "not":
+            return sa.not_(self.go(e.operand))
+        if isinstance(e, Binary) and e.op in _CMP:
+            return self.compare(e.op, e.left, e.right)
+        if isinstance(e, IsNull):
+            a, _ = self.value(e.expr)
+            return a.is_not(None) if e.negated else a.is_(None)
+        if isinstance(e, Between):
+            r = sa.and_(self.compare(">=", e.expr, e.low), self.compare("<=", e.expr, e.high))
+            return sa.not_(r) if e.negated else r
+        if isinstance(e, InList):
+            return self._in(e)
+        if isinstance(e, Like):
+            return self._like(e)
+        if isinstance(e, Column) and self.src._schema.field(e.name).type == pa.bool_():
+            return self.value(e)[0] == sa.true()
+        raise NotTranslatable(f"cannot translate {e} to a SQL condition")
+
+    def _in(self, e: InList) -> Any:
+        a, ta = self.value(e.expr)
+        if ta is None:
+            raise NotTranslatable(f"'in' on a null: {e}")
+        if isinstance(e.items, Param):
+            if self.probe:
+                return a.in_(sa.bindparam(None, [], expanding=True))
+            if e.items.name not in self.params:
+                raise KeyError(e.items.name)
+            values = list(self.params[e.items.name])
+            if any(isinstance(v, dict | list | tuple | set) for v in values):
+                raise NotTranslatable("'in' list of objects")
+            values = [self._plain(v) for v in values]
+            nulls = any(v is None for v in values)
+            values = [v for v in values if v is not None]
+            bp = sa.bindparam(None, values, expanding=True)
+            r = a.in_(bp)
+            if _is_text(ta) and self.src.mysql:
+                r = sa.and_(r, self._binary(a, ta).in_(sa.bindparam(None, values, expanding=True)))
+            if e.negated:
+                return sa.false() if nulls else sa.not_(r)
+            return r
+        items = [self.value(i) for i in e.items]
+        for i, (_, ti) in zip(e.items, items):
+            _check_types(ta, ti, e.expr, i)
+        nonnull = [v for v, t in items if t is not None]
+        if not nonnull:
+            return sa.false()
+        if _is_text(ta) and self.src.mysql:
+            r = sa.and_(
+                a.in_(nonnull),
+                self._binary(a, ta).in_([self._binary(v, t) for v, t in items if t is not None]),
+            )
+        else:
+            r = a.in_(nonnull)
+        if e.negated:
+            return sa.false() if len(nonnull) < len(items) else sa.not_(r)
+        return r
+
+    def _plain(self, v: Any) -> Any:
+        if isinstance(v, dt.datetime):
+            v = v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+            return v.replace(tzinfo=None) if self.src.mysql else v
+        return v
+
+    def _like(self, e: Like) -> Any:
+        a, ta = self.value(e.expr)
+        p, tp = self.value(e.pattern)
+        if not (_is_text(ta) and _is_text(tp)):
+            raise NotTranslatable(f"'like' needs strings: {e}")
+        if e.case_insensitive:
+            a, p = sa.func.lower(a), sa.func.lower(p)
+        if self.src.mysql:
+            r = sa.and_(a.like(p), self._binary(a, ta).like(p))
+        else:
+            r = a.like(p)
+        return sa.not_(r) if e.negated else r
+
+
+def _numeric(t: pa.DataType | None) -> bool:
+    if t is _ANY:
+        return True
+    return t is not None and (
+        pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+    )
+
+
+def _family(t: pa.DataType) -> str:
+    if _numeric(t):
+        return "number"
+    if _is_text(t):
+        return "text"
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "time"
+    return str(t)
+
+
+def _check_types(ta: pa.DataType | None, tb: pa.DataType | None, left: Expr, right: Expr) -> None:
+    if ta is None or tb is None or ta is _ANY or tb is _ANY:
+        return
+    if _family(ta) != _family(tb):
+        raise NotTranslatable(f"comparing {ta} with {tb}: {left} vs {right}")
+
+
+class SqlConnection(Connection):
+    """A database reachable through one SQLAlchemy URL; tables are its objects."""
+
+    kind = "sql"
+
+    def __init__(self, name: str, options: Mapping[str, Any]):
+        super().__init__(name, options)
+        if not options.get("url"):
+            raise ValueError(
+                f"connection {name!r}: a SQL connection needs 'url' (e.g. mysql+pymysql://user:pw@host:3306/db)"
+            )
+        self.url = make_url(str(options["url"]))
+        self.connect_timeout = float(options.get("connect_timeout", 5))
+        self.read_timeout = float(options.get("read_timeout", 30))
+        self.db_schema = options.get("schema")
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+        self._tables: dict[str, sa.Table] = {}
+
+    @property
+    def scheme(self) -> str:
+        return (
+            "mysql"
+            if self.url.get_backend_name() in ("mysql", "mariadb")
+            else ("postgres" if self.url.get_backend_name() == "postgresql" else "sql")
+        )
+
+    def uri(self, obj: str = "") -> str:
+        return f"{self.options.get('kind', self.scheme)}://{self.name}/{obj}"
+
+    @property
+    def engine(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = sa.create_engine(
+                    self.url,
+                    pool_size=int(self.options.get("pool_size", 5)),
+                    max_overflow=int(self.options.get("max_overflow", 5)),
+                    pool_recycle=int(self.options.get("pool_recycle", 1800)),
+                    pool_timeout=self.connect_timeout,
+                    pool_pre_ping=True,
+                    connect_args=self._connect_args(),
+                )
+            return self._engine
+
+    def _connect_args(self) -> dict[str, Any]:
+        backend, driver = self.url.get_backend_name(), self.url.get_driver_name()
+        ct, rt = max(1, round(self.connect_timeout)), max(1, round(self.read_timeout))
+        if backend in ("mysql", "mariadb") and driver in ("pymysql", "mysqldb"):
+            return {
+                "connect_timeout": ct,
+                "read_timeout": rt,
+                "write_timeout": rt,
+                "init_command": "SET time_zone = '+00:00'",
+            }
+        if backend == "postgresql":
+            return {
+                "connect_timeout": ct,
+                "options": f"-c timezone=UTC -c statement_timeout={rt * 1000}",
+            }
+        return {}
+
+    def _error(self, exc: BaseException, obj: str = "") -> SourceError:
+        orig = getattr(exc, "orig", None) or exc
+        return SourceError(
+            self.uri(obj),
+            f"{type(orig).__name__}: {str(orig).strip().splitlines()[0] if str(orig).strip() else orig!r}",
+            hint=f"check that the database at {self.url.render_as_string(hide_password=True)} is running and reachable",
+            retriable=isinstance(
+                exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
+            ),
+        )
+
+    # ----------------------------------------------------------------- objects
+
+    def list_objects(self) -> list[str]:
+        try:
+            insp = sa.inspect(self.engine)
+            return sorted(
+                set(insp.get_table_names(schema=self.db_schema))
+                | set(insp.get_view_names(schema=self.db_schema))
+            )
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._error(exc) from exc
+
+    def ping(self) -> None:
+        try:
+            with self.engine.connect() as c:
+                c.execute(sa.text("SELECT 1"))
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._error(exc) from exc
+
+    def source(self, obj: str, options: Mapping[str, Any] | None = None) -> SqlSource:
+        schema, _, table = obj.rpartition(".")
+        schema = schema or self.db_schema
+        try:
+            if obj not in self._tables:
+                self._tables[obj] = sa.Table(
+                    table, sa.MetaData(), schema=schema, autoload_with=self.engine
+                )
+        except sa_exc.NoSuchTableError:
+            raise UnknownObjectError(self.uri(obj), self.list_objects()) from None
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._error(exc, obj) from exc
+        return SqlSource(self.uri(obj), self, self._tables[obj])
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    # ----------------------------------------------------------------- execution
+
+    def _set_timeout(self, c: sa.Connection, seconds: float | None) -> None:
+        if seconds is None:
+            return
+        d = c.dialect
+        if d.name == "postgresql":
+            c.execute(
+                sa.text("SELECT set_config('statement_timeout', :v, false)"),
+                {"v": str(int(seconds * 1000))},
+            )
+        elif d.name in ("mysql", "mariadb"):
+            if getattr(d, "is_mariadb", False):
+                c.exec_driver_sql("SET SESSION max_statement_time = %s", (float(seconds),))
+            else:
+                c.exec_driver_sql("SET SESSION max_execution_time = %s", (int(seconds * 1000),))
+
+    def stream(
+        self, src: SqlSource, stmt: sa.Select, schema: pa.Schema, request: ScanRequest
+    ) -> Iterator[pa.RecordBatch]:
+        size = max(1, int(request.batch_size))
+        types = [f.type for f in schema]
+        try:
+            with self.engine.connect() as c:
+                self._set_timeout(c, request.timeout)
+                result = c.execution_options(stream_results=True, yield_per=size).execute(stmt)
+                for rows in result.partitions(size):
+                    cols = list(zip(*rows)) if rows else [() for _ in types]
+                    arrays = [
+                        pa.array([_to_py(v, t) for v in col], type=t) for col, t in zip(cols, types)
+                    ]
+                    yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._error(exc, src.uri.rsplit("/", 1)[-1]) from exc
+
+    def table_statistics(self, src: SqlSource) -> Statistics:
+        """Row estimate and sizes from the catalog; min/max of indexed leading columns."""
+        t = src.table
+        rows = size = None
+        distinct: dict[str, int] = {}
+        with self.engine.connect() as c:
+            d = c.dialect.name
+            if d in ("mysql", "mariadb"):
+                r = c.execute(
+                    sa.text(
+                        "SELECT table_rows, data_length + index_length FROM information_schema.tables "
+                        "WHERE table_schema = COALESCE(:s, DATABASE()) AND table_name = :t"
+                    ),
+                    {"s": t.schema, "t": t.name},
+                ).first()
+                if r:
+                    rows, size = r[0], r[1]
+                for name, card in c.execute(
+                    sa.text(
+                        "SELECT column_name, MAX(cardinality) FROM information_schema.statistics "
+                        "WHERE table_schema = COALESCE(:s, DATABASE()) AND table_name = :t AND seq_in_index = 1 "
+                        "GROUP BY column_name"
+                    ),
+                    {"s": t.schema, "t": t.name},
+                ):
+                    if card is not None:
+                        distinct[name] = int(card)
+            elif d == "postgresql":
+                r = c.execute(
+                    sa.text(
+                        "SELECT c.reltuples, pg_total_relation_size(c.oid), s.n_live_tup FROM pg_class c "
+                        "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
+                        "WHERE c.oid = to_regclass(:q)"
+                    ),
+                    {"q": f"{t.schema}.{t.name}" if t.schema else t.name},
+                ).first()
+                if r:
+                    rows = max(int(r[0] or 0), int(r[2] or 0))  # reltuples is -1/0 before ANALYZE
+                    size = r[1]
+                for name, nd in c.execute(
+                    sa.text("SELECT attname, n_distinct FROM pg_stats WHERE tablename = :t"),
+                    {"t": t.name},
+                ):
+                    if nd is not None and rows:
+                        distinct[name] = int(nd if nd > 0 else -nd * rows)
+            exact = False
+            if not rows and (size is None or size < 16 << 20):  # no estimate yet; counting is cheap
+                rows, exact = (
+                    c.execute(sa.select(sa.func.count()).select_from(t)).scalar_one(),
+                    True,
+                )
+            indexed = {next(iter(ix.columns)).name for ix in t.indexes if ix.columns} | {
+                c.name for c in list(t.primary_key.columns)[:1]
+            }
+            cols: dict[str, ColumnStats] = {}
+            for name in sorted(indexed):
+                col = t.c[name]
+                typ = src._schema.field(name).type
+                if _numeric(typ) or pa.types.is_timestamp(typ) or pa.types.is_date(typ):
+                    lo, hi = c.execute(sa.select(sa.func.min(col), sa.func.max(col))).one()
+                    if pa.types.is_timestamp(typ):
+                        lo, hi = (
+                            x.replace(tzinfo=dt.UTC)
+                            if isinstance(x, dt.datetime) and x.tzinfo is None
+                            else x
+                            for x in (lo, hi)
+                        )
+                    cols[name] = ColumnStats(distinct_count=distinct.get(name), min=lo, max=hi)
+            for name, n in distinct.items():
+                cols.setdefault(name, ColumnStats(distinct_count=n))
+        return Statistics(
+            row_count=None if rows is None else int(rows),
+            exact=exact,
+            total_bytes=None if size is None else int(size),
+            columns=cols,
+        )
+
+
+__all__ = ["BadValueError", "SqlConnection", "SqlSource", "arrow_type"]
