@@ -1,0 +1,167 @@
+"""Operating-system layers of a sandbox worker, applied before any user code is loaded.
+
+Order: network namespace, resource limits, chroot into an empty read-only directory,
+dropped privileges, seccomp filter.  Each layer that cannot be applied on this machine is
+reported as ``unavailable: <reason>`` and the others still apply.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import signal
+
+try:  # imported now: after chroot nothing can be loaded from disk
+    import pyseccomp
+except ImportError:  # reported as an unavailable layer
+    pyseccomp = None
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+CLONE_THREAD = 0x00010000
+PROT_EXEC = 0x4
+WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
+
+LAYER_NAMES = ("network_namespace", "rlimits", "chroot", "drop_privileges", "seccomp")
+
+# Denied with EPERM: networking, process creation, signals to others, file-system changes,
+# privilege and namespace changes, kernel interfaces that bypass the filter.
+DENIED_SYSCALLS = (
+    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "sendmsg",
+    "sendmmsg", "sendto", "execve", "execveat", "fork", "vfork", "kill", "tkill", "tgkill",
+    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "pidfd_send_signal", "pidfd_getfd",
+    "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
+    "chroot", "unshare", "setns", "creat", "open_by_handle_at", "name_to_handle_at",
+    "unlink", "unlinkat", "rename", "renameat", "renameat2", "rmdir", "mkdir", "mkdirat",
+    "link", "linkat", "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "chown",
+    "fchown", "lchown", "fchownat", "truncate", "ftruncate", "fallocate", "mknod", "mknodat",
+    "utime", "utimes", "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr",
+    "removexattr", "lremovexattr", "fremovexattr", "setuid", "setgid", "setreuid",
+    "setregid", "setresuid", "setresgid", "setgroups", "setfsuid", "setfsgid", "capset",
+    "reboot", "kexec_load", "kexec_file_load", "init_module",
+    "finit_module", "delete_module", "bpf", "perf_event_open", "keyctl", "add_key",
+    "request_key", "memfd_create", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "quotactl", "swapon", "swapoff", "acct", "settimeofday",
+    "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "mq_open",
+    "msgget", "semget", "shmget", "shmat", "migrate_pages", "move_pages", "personality",
+    "iopl", "ioperm", "syslog", "vhangup", "fanotify_init", "setpgid", "setsid", "chdir",
+    "fchdir", "mbind", "set_mempolicy",
+)  # fmt: skip
+NOSYS_SYSCALLS = ("clone3", "openat2")  # glibc falls back to clone/openat, which we can filter
+
+
+def lockdown(
+    jail: str | None,
+    uid: int | None,
+    gid: int | None,
+    nofile: int,
+    max_memory: int,
+    cpu_budget: int,
+    skip: frozenset[str] | set[str] = frozenset(),
+) -> dict[str, str]:
+    """Apply every layer it can, in order; returns ``{layer: "active" | "unavailable: ..."}``.
+
+    ``skip`` names layers to leave out (tests use it to show that the others hold alone).
+    """
+    steps = {
+        "network_namespace": _new_network_namespace,
+        "rlimits": lambda: _rlimits(nofile, max_memory, cpu_budget),
+        "chroot": lambda: _chroot(jail),
+        "drop_privileges": lambda: _drop_privileges(uid, gid),
+        "seccomp": _seccomp,
+    }
+    layers: dict[str, str] = {}
+    for name, step in steps.items():
+        if name in skip:
+            layers[name] = "unavailable: disabled by the pool"
+        elif name == "chroot" and not jail:
+            layers[name] = "unavailable: needs root (no jail directory)"
+        elif name == "drop_privileges" and (uid is None or os.geteuid() != 0):
+            layers[name] = "unavailable: the fabric does not run as root"
+        else:
+            try:
+                step()
+                layers[name] = "active"
+            except Exception as exc:  # layers are independent: report it, keep the others
+                layers[name] = f"unavailable: {type(exc).__name__}: {exc}"
+    return layers
+
+
+def _new_network_namespace() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) == 0:
+        return
+    first = ctypes.get_errno()
+    if os.geteuid() != 0 and libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
+        return
+    raise OSError(first, f"unshare(CLONE_NEWNET): {os.strerror(first)}")
+
+
+def _rlimits(nofile: int, max_memory: int, cpu_budget: int) -> None:
+    """Hard limits for the worker's life; the worker lowers the soft CPU/AS limits per call.
+
+    Hard limits cannot be raised again without CAP_SYS_RESOURCE, which the worker loses
+    with its privileges; seccomp lets ``prlimit64`` touch only the worker itself.
+    """
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails with EFBIG
+    for res, value in (
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_FSIZE, 0),
+        (resource.RLIMIT_NOFILE, nofile),
+        (resource.RLIMIT_NPROC, 0),
+        (resource.RLIMIT_AS, address_space() + max_memory),
+        (resource.RLIMIT_CPU, cpu_budget),
+    ):
+        resource.setrlimit(res, (value, value))
+
+
+def address_space() -> int:
+    """This process's current virtual size in bytes (what RLIMIT_AS counts)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _chroot(jail: str) -> None:
+    os.chroot(jail)
+    os.chdir("/")
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise OSError(errno.EPERM, "setresuid did not take effect")
+
+
+def _seccomp() -> None:
+    if pyseccomp is None:
+        raise RuntimeError("the pyseccomp package (libseccomp) is not installed")
+    sc = pyseccomp
+    deny = sc.ERRNO(errno.EPERM)
+    flt = sc.SyscallFilter(defaction=sc.ALLOW)
+    for name in DENIED_SYSCALLS:
+        _add(flt, deny, name)
+    for name in NOSYS_SYSCALLS:
+        _add(flt, sc.ERRNO(errno.ENOSYS), name)
+    # resource limits: only this process's own (pid 0); hard limits cannot be raised anyway
+    _add(flt, deny, "prlimit64", sc.Arg(0, sc.NE, 0))
+    # threads (CLONE_THREAD) are allowed: pyarrow/numpy need them; new processes are not
+    _add(flt, deny, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
+    for flag in WRITE_FLAGS:
+        _add(flt, deny, "open", sc.Arg(1, sc.MASKED_EQ, flag, flag))
+        _add(flt, deny, "openat", sc.Arg(2, sc.MASKED_EQ, flag, flag))
+    # no new executable memory: injected machine code cannot be made runnable
+    _add(flt, deny, "mmap", sc.Arg(2, sc.MASKED_EQ, PROT_EXEC, PROT_EXEC))
+    _add(flt, deny, "mprotect", sc.Arg(2, sc.MASKED_EQ, PROT_EXEC, PROT_EXEC))
+    _add(flt, deny, "pkey_mprotect", sc.Arg(2, sc.MASKED_EQ, PROT_EXEC, PROT_EXEC))
+    flt.load()
+
+
+def _add(flt, action: int, name: str, *args) -> None:
+    sc = pyseccomp
+    if sc.resolve_syscall(sc.Arch.NATIVE, name) == -1:  # not a syscall libseccomp knows
+        return
+    flt.add_rule(action, name, *args)

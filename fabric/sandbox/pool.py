@@ -1,0 +1,544 @@
+"""A pool of warm, locked-down worker processes that run pushdown snippets.
+
+``SandboxPool.run`` sends the table to an idle worker as Arrow IPC, waits for the result
+under the call's CPU-time and wall-clock limits (enforced from here, not trusted to the
+worker), validates what comes back and returns a ``pyarrow.Table``.  A worker that
+violated a limit, crashed or timed out is killed and replaced; the pool carries on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+
+from .errors import ERROR_CLASSES, SandboxError, SandboxTimeout, SandboxViolation
+from .limits import SandboxLimits
+from .protocol import MAX_HEADER_BYTES, PREFIX, encode
+from .static import check_snippet
+
+log = logging.getLogger("fabric.sandbox")
+_WARNED: set[str] = set()
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+F_SETPIPE_SZ = 1031
+GRACE_SECONDS = 0.5  # after a limit signal, time the worker has to report the snippet line
+TICK_SECONDS = 0.02  # how often CPU time is checked while waiting for a worker
+
+
+class _WorkerGone(Exception):
+    pass
+
+
+class _Expired(Exception):
+    pass
+
+
+class _Worker:
+    """One worker process and the fabric's end of its two pipes."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], start_timeout: float):
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        for fd in (p2c_w, c2p_w):
+            try:
+                import fcntl
+
+                fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
+            except OSError:
+                pass  # pipes stay at the default size: slower for big tables, still correct
+        self.proc = subprocess.Popen(
+            [*argv, "--in", str(p2c_r), "--out", str(c2p_w)],
+            pass_fds=(p2c_r, c2p_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=_PROJECT_ROOT,
+            close_fds=True,
+        )
+        os.close(p2c_r)
+        os.close(c2p_w)
+        self.rfd, self.wfd, self.pid = c2p_r, p2c_w, self.proc.pid
+        for fd in (self.rfd, self.wfd, self.proc.stderr.fileno()):
+            os.set_blocking(fd, False)
+        self.rpoll, self.wpoll = select.poll(), select.poll()
+        self.rpoll.register(self.rfd, select.POLLIN)
+        self.wpoll.register(self.wfd, select.POLLOUT)
+        deadline = time.monotonic() + start_timeout
+        try:
+            header, _ = self.recv(lambda: deadline, lambda: None, max_payload=0)
+        except (_WorkerGone, _Expired) as exc:
+            detail = self.stderr_tail()
+            self.kill()
+            raise SandboxError(
+                "(pool start-up)",
+                f"a sandbox worker failed to start ({type(exc).__name__}); "
+                f"its stderr: {detail or '(empty)'}",
+            ) from None
+        self.layers: dict[str, str] = header.get("layers", {})
+        self.base_vsz = self.vsz()
+
+    # process facts, read from /proc by the fabric (the worker cannot lie about them)
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+    def vsz(self) -> int:
+        with open(f"/proc/{self.pid}/statm", "rb") as f:
+            return int(f.read().split()[0]) * _PAGE
+
+    # framed I/O with deadlines --------------------------------------------------------
+    def send(self, parts, deadline, check) -> None:
+        for part in parts:
+            view = memoryview(part).cast("B")
+            while view:
+                try:
+                    view = view[os.write(self.wfd, view) :]
+                    continue
+                except BlockingIOError:
+                    pass
+                except (BrokenPipeError, OSError):
+                    raise _WorkerGone from None
+                self._wait(self.wpoll, deadline, check)
+
+    def recv(self, deadline, check, max_payload: int) -> tuple[dict, bytes]:
+        hlen, plen = PREFIX.unpack(self._read(PREFIX.size, deadline, check))
+        if hlen > MAX_HEADER_BYTES:
+            raise SandboxViolation("?", f"the worker sent a {hlen}-byte header")
+        if plen > max_payload:
+            raise OverflowError(plen)
+        header = json.loads(self._read(hlen, deadline, check))
+        if not isinstance(header, dict):
+            raise ValueError("worker header is not an object")
+        return header, self._read(plen, deadline, check) if plen else b""
+
+    def _read(self, n: int, deadline, check) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            try:
+                k = os.readv(self.rfd, [view[got:]])
+            except BlockingIOError:
+                k = -1
+            if k == 0:
+                raise _WorkerGone
+            if k > 0:
+                got += k
+            else:
+                self._wait(self.rpoll, deadline, check)
+        return buf
+
+    @staticmethod
+    def _wait(poller, deadline, check) -> None:
+        left = deadline() - time.monotonic()
+        if left > 0:
+            poller.poll(min(left, TICK_SECONDS) * 1000)
+        check()
+
+    def stderr_tail(self) -> str:
+        try:
+            data = self.proc.stderr.read(65536) or b""
+        except (OSError, ValueError):
+            data = b""
+        return data.decode(errors="replace").strip()[-1500:]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        for fd in (self.rfd, self.wfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+class _Watch:
+    """The call's CPU-time and wall-clock limits, enforced from the fabric's side."""
+
+    def __init__(self, worker: _Worker, limits: SandboxLimits):
+        self.worker, self.limits = worker, limits
+        self.cpu0 = worker.cpu_seconds()
+        self.deadline = time.monotonic() + limits.wall_seconds
+        self.next_cpu_check = time.monotonic() + TICK_SECONDS
+        self.fired: str | None = None
+
+    def remaining_deadline(self) -> float:
+        return self.deadline
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.fired:
+            if now >= self.deadline:
+                raise _Expired(self.fired)
+            return
+        if now >= self.deadline:
+            self._fire("wall-clock", signal.SIGUSR1)
+        elif now >= self.next_cpu_check:
+            self.next_cpu_check = now + TICK_SECONDS
+            try:
+                used = self.worker.cpu_seconds() - self.cpu0
+            except OSError:
+                return  # the worker is gone; the read will see EOF
+            if used > self.limits.cpu_seconds:
+                self._fire("CPU-time", signal.SIGXCPU)
+
+    def _fire(self, kind: str, signum: int) -> None:
+        """Ask the worker to stop and report its line; it is killed after a grace period."""
+        self.fired = kind
+        self.deadline = time.monotonic() + GRACE_SECONDS
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.worker.pid, signum)
+
+
+class SandboxPool:
+    """Warm sandbox workers; ``run`` is thread-safe (each concurrent call gets its own worker).
+
+    ``layers`` maps each isolation layer to ``"active"`` or ``"unavailable: <reason>"``.
+    The underscore options exist for tests: they switch layers off to show the others hold.
+    """
+
+    def __init__(
+        self,
+        size: int = 2,
+        *,
+        limits: SandboxLimits | None = None,
+        start_timeout: float = 60.0,
+        cpu_budget: int = 600,
+        acquire_timeout: float = 60.0,
+        _static_checks: bool = True,
+        _restricted_python: bool = True,
+        _skip_layers: Sequence[str] = (),
+        _worker_argv: Sequence[str] | None = None,
+    ):
+        if size < 1:
+            raise ValueError(f"SandboxPool size must be at least 1, got {size}")
+        self.size = size
+        self.limits = limits or SandboxLimits()
+        self.start_timeout, self.acquire_timeout = start_timeout, acquire_timeout
+        self.cpu_budget = cpu_budget
+        self._static = _static_checks
+        self._static_cache: dict[tuple, list] = {}
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._lock = threading.Lock()
+        self._live = 0
+        self._closed = False
+        self._jail: str | None = None
+        self._argv = list(_worker_argv or [sys.executable, "-s", "-m", "fabric.sandbox.worker"])
+        if os.geteuid() == 0:
+            self._jail = tempfile.mkdtemp(prefix="fabric-sandbox-jail-")
+            os.chmod(self._jail, 0o555)
+            nobody = pwd.getpwnam("nobody")
+            self._argv += [
+                "--jail",
+                self._jail,
+                "--uid",
+                str(nobody.pw_uid),
+                "--gid",
+                str(nobody.pw_gid),
+            ]
+        self._argv += [
+            "--max-memory",
+            str(self.limits.memory_bytes),
+            "--cpu-budget",
+            str(cpu_budget),
+        ]
+        if not _restricted_python:
+            self._argv.append("--no-restricted-python")
+        if _skip_layers:
+            self._argv += ["--skip-layers", ",".join(_skip_layers)]
+        self._env = {
+            "PATH": os.defpath,
+            "PYTHONPATH": _PROJECT_ROOT,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "ARROW_DEFAULT_MEMORY_POOL": "system",
+            "LANG": "C.UTF-8",
+        }  # the fabric's own environment (secrets!) is not passed on
+        self.layers: dict[str, str] = {}
+        first = self._spawn()
+        self.layers = dict(first.layers)
+        self._warn_layers()
+        self._idle.put(first)
+        for _ in range(size - 1):
+            self._idle.put(self._spawn())
+
+    # worker lifecycle -----------------------------------------------------------------
+    def _spawn(self) -> _Worker:
+        with self._lock:
+            self._live += 1
+        try:
+            return _Worker(self._argv, self._env, self.start_timeout)
+        except BaseException:
+            with self._lock:
+                self._live -= 1
+            raise
+
+    def _warn_layers(self) -> None:
+        for name, state in self.layers.items():
+            msg = f"sandbox layer '{name}' is {state}"
+            if state != "active" and msg not in _WARNED:
+                _WARNED.add(msg)
+                log.warning("%s; the other layers still apply", msg)
+
+    def _acquire(self) -> _Worker:
+        deadline = time.monotonic() + self.acquire_timeout
+        while True:
+            if self._closed:
+                raise SandboxError("(pool)", "the sandbox pool is closed")
+            try:
+                return self._idle.get_nowait()
+            except queue.Empty:
+                pass
+            with self._lock:
+                can_spawn = self._live < self.size
+            if can_spawn:
+                return self._spawn()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SandboxError(
+                    "(pool)",
+                    f"no sandbox worker became free within {self.acquire_timeout}s",
+                    hint="raise SandboxPool(size=...) or lower the snippets' limits",
+                )
+            try:
+                return self._idle.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+
+    def _fit(self, worker: _Worker) -> bool:
+        """Recycle a worker that used half its lifetime CPU budget or grew its memory a lot."""
+        try:
+            return (
+                worker.cpu_seconds() < self.cpu_budget / 2
+                and worker.vsz() < worker.base_vsz + self.limits.memory_bytes // 2
+            )
+        except OSError:
+            return False
+
+    def _release(self, worker: _Worker, healthy: bool) -> None:
+        if healthy and not self._closed:
+            self._idle.put(worker)
+            return
+        worker.kill()
+        with self._lock:
+            self._live -= 1
+        if not self._closed:
+            threading.Thread(target=self._replace, daemon=True, name="sandbox-respawn").start()
+
+    def _replace(self) -> None:
+        try:
+            with self._lock:
+                if self._live >= self.size:
+                    return
+            worker = self._spawn()
+        except Exception as exc:  # the next run() retries the spawn and reports it
+            log.error("could not replace a sandbox worker: %s", exc)
+            return
+        if self._closed:
+            self._release(worker, False)
+        else:
+            self._idle.put(worker)
+
+    def close(self) -> None:
+        self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().kill()
+            except queue.Empty:
+                break
+        if self._jail:
+            shutil.rmtree(self._jail, ignore_errors=True)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # the call ---------------------------------------------------------------------------
+    def run(
+        self,
+        snippet: str,
+        table: pa.Table,
+        *,
+        params: dict | None = None,
+        limits: SandboxLimits | None = None,
+        binding: str,
+        snippet_origin: tuple = ("<pushdown>", 1),
+    ) -> pa.Table:
+        """Run ``snippet``'s ``run(table, **params)`` in a worker and return its table.
+
+        ``snippet_origin`` is ``(file, line)`` or ``(file, line, col)`` of the snippet's first
+        character in the binding file; errors point there.  Raises a ``SandboxError``
+        subclass naming ``binding`` and the binding-file line that was running.
+        """
+        limits = limits or self.limits
+        if limits.memory_bytes > self.limits.memory_bytes:
+            raise ValueError(
+                f"binding '{binding}' asks for memory_bytes={limits.memory_bytes}, over the "
+                f"pool's maximum of {self.limits.memory_bytes}; raise SandboxPool(limits=...)"
+            )
+        origin = _Origin(snippet, binding, *snippet_origin)
+        if self._static:
+            self._check(snippet, origin)
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        header = {"source": snippet, "params": params or {}, "limits": asdict(limits)}
+        request = encode(header, sink.getvalue())
+        worker = self._acquire()
+        healthy = False
+        try:
+            reply, payload = self._call(worker, request, limits, origin)
+            healthy = (reply.get("status") == "ok" or reply.get("kind") == "runtime") and self._fit(
+                worker
+            )
+        finally:
+            self._release(worker, healthy)
+        if reply.get("status") != "ok":
+            cls = ERROR_CLASSES.get(reply.get("kind"), SandboxViolation)
+            raise origin.error(cls, str(reply.get("message")), reply.get("line"))
+        return _parse_result(payload, limits, origin)
+
+    def _check(self, snippet: str, origin: _Origin) -> None:
+        key = (snippet, origin.file, origin.line, origin.col)
+        diags = self._static_cache.get(key)
+        if diags is None:
+            diags = check_snippet(snippet, file=origin.file, line=origin.line, col=origin.col)
+            if len(self._static_cache) > 256:
+                self._static_cache.clear()
+            self._static_cache[key] = diags
+        if diags:
+            d = diags[0]
+            more = f" (and {len(diags) - 1} more problem(s))" if len(diags) > 1 else ""
+            raise SandboxViolation(origin.binding, d.message + more, d.span, d.source_line, d.hint)
+
+    def _call(
+        self, worker: _Worker, request, limits: SandboxLimits, origin: _Origin
+    ) -> tuple[dict, bytes]:
+        watch = _Watch(worker, limits)
+        try:
+            worker.send(request, watch.remaining_deadline, watch.check)
+            reply, payload = worker.recv(watch.remaining_deadline, watch.check, limits.output_bytes)
+        except _Expired as exc:
+            raise origin.error(
+                SandboxTimeout,
+                f"exceeded its {exc} limit and did not stop; the worker was killed",
+                None,
+            ) from None
+        except _WorkerGone:
+            raise self._died(worker, watch, limits, origin) from None
+        except OverflowError as exc:
+            raise origin.error(
+                SandboxViolation,
+                f"sent {exc} bytes of output, over the limit of {limits.output_bytes}",
+                None,
+            ) from None
+        except (ValueError, SandboxViolation) as exc:
+            raise origin.error(
+                SandboxViolation, f"the worker sent a malformed reply ({exc})", None
+            ) from None
+        if watch.fired:
+            if reply.get("kind") == "timeout":
+                return reply, b""
+            raise origin.error(
+                SandboxTimeout, f"exceeded its {watch.fired} limit", reply.get("line")
+            )
+        return reply, payload
+
+    def _died(
+        self, worker: _Worker, watch: _Watch, limits: SandboxLimits, origin: _Origin
+    ) -> SandboxError:
+        try:
+            code = worker.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            code = None
+        if watch.fired:
+            return origin.error(
+                SandboxTimeout, f"exceeded its {watch.fired} limit; the worker was stopped", None
+            )
+        if code is not None and code < 0 and -code in (signal.SIGXCPU, signal.SIGKILL):
+            return origin.error(
+                SandboxTimeout, "exceeded its CPU-time limit (killed by the kernel)", None
+            )
+        tail = worker.stderr_tail().splitlines()
+        how = (
+            f"signal {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exit code {code}"
+        )
+        return origin.error(
+            SandboxViolation,
+            f"the sandbox worker crashed ({how})" + (f": {tail[-1]}" if tail else ""),
+            None,
+        )
+
+
+class _Origin:
+    """Where the snippet sits in its binding file: maps snippet lines to file lines."""
+
+    def __init__(
+        self, snippet: str, binding: str, file: str = "<pushdown>", line: int = 1, col: int = 1
+    ):
+        self.snippet, self.binding, self.file, self.line, self.col = (
+            snippet,
+            binding,
+            file,
+            line,
+            col,
+        )
+
+    def error(self, cls: type[SandboxError], detail: str, snippet_line: int | None) -> SandboxError:
+        from dsl.errors import Span
+
+        if not isinstance(snippet_line, int) or snippet_line < 1:
+            return cls(self.binding, detail, Span(self.file, self.line, self.col))
+        lines = self.snippet.splitlines()
+        text = lines[snippet_line - 1] if snippet_line <= len(lines) else ""
+        indent = len(text) - len(text.lstrip())
+        span = Span(self.file, self.line + snippet_line - 1, self.col + indent)
+        return cls(self.binding, detail, span, " " * (self.col - 1) + text)
+
+
+def _parse_result(payload: bytes, limits: SandboxLimits, origin: _Origin) -> pa.Table:
+    """Trust nothing from the worker: parse, fully validate and re-check the caps."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+        table.validate(full=True)
+    except Exception as exc:
+        raise origin.error(
+            SandboxViolation, f"returned malformed Arrow data ({exc})", None
+        ) from None
+    if table.num_rows > limits.max_rows:
+        raise origin.error(
+            SandboxViolation,
+            f"returned {table.num_rows} rows, over the limit of {limits.max_rows}",
+            None,
+        )
+    return table

@@ -1,0 +1,179 @@
+"""Runtime Python layer of a worker: curated builtins, an allowlist import hook, module views.
+
+Snippets see fresh, read-mostly views of the allowed modules (public names only, no file
+or raw-memory functions, no submodules outside the allowlist) and builtins without
+eval/exec/open/__import__/globals/vars.  Anything refused is recorded in a ``Guard`` so
+the call is reported as a violation even if the snippet catches the exception.
+"""
+
+from __future__ import annotations
+
+import builtins
+import difflib
+import importlib
+import sys
+from types import ModuleType
+
+from .policy import (
+    ALLOWED_MODULES,
+    FORBIDDEN_BUILTINS,
+    HIDDEN_NAMES,
+    SAFE_SUBMODULES,
+    attribute_forbidden,
+)
+
+SNIPPET_FILE = "<pushdown>"
+IMPORTABLE = ALLOWED_MODULES | SAFE_SUBMODULES
+
+_SAFE_BUILTIN_NAMES = (
+    "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
+    "classmethod", "complex", "dict", "divmod", "enumerate", "filter", "float", "format",
+    "frozenset", "hash", "hex", "id", "int", "isinstance", "issubclass", "iter", "len",
+    "list", "map", "max", "min", "next", "object", "oct", "ord", "pow", "property", "range",
+    "repr", "reversed", "round", "set", "slice", "sorted", "staticmethod", "str", "sum",
+    "super", "tuple", "type", "zip", "aiter", "anext", "None", "True", "False",
+    "Ellipsis", "NotImplemented", "__build_class__",
+)  # fmt: skip
+
+_FILTERED: dict[str, dict[str, object]] = {}
+
+
+class SandboxBlocked(PermissionError):
+    """Raised into the snippet when the runtime layer refuses something."""
+
+
+class Guard:
+    """Collects what the runtime layer refused during one call, with the snippet line."""
+
+    def __init__(self) -> None:
+        self.violations: list[tuple[str, int | None]] = []
+
+    def refuse(self, what: str) -> SandboxBlocked:
+        self.violations.append((what, snippet_line()))
+        return SandboxBlocked(what)
+
+
+def snippet_line(tb=None) -> int | None:
+    """Innermost line of the snippet on the current stack (or in traceback ``tb``)."""
+    line = None
+    if tb is not None:
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == SNIPPET_FILE:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        return line
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename == SNIPPET_FILE:
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def prepare() -> None:
+    """Import the allowed modules and compute their public views (before lockdown)."""
+    for name in sorted(IMPORTABLE):
+        importlib.import_module(name)
+    for name in IMPORTABLE:
+        _FILTERED[name] = _public_names(name)
+
+
+def _public_names(name: str) -> dict[str, object]:
+    hidden = HIDDEN_NAMES.get(name, frozenset())
+    out: dict[str, object] = {}
+    for key, value in vars(sys.modules[name]).items():
+        if key.startswith("_") or key in hidden:
+            continue
+        if isinstance(value, ModuleType):
+            if value.__name__ in IMPORTABLE and value.__name__.startswith(name + "."):
+                out[key] = _Submodule(value.__name__)
+            continue
+        out[key] = value
+    return out
+
+
+class _Submodule:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def namespace(guard: Guard) -> dict[str, object]:
+    """Fresh globals for one call: curated builtins plus the allowlist import hook."""
+    views: dict[str, ModuleType] = {}
+
+    def view(name: str) -> ModuleType:
+        if name not in views:
+            mod = ModuleType(name)
+            d = mod.__dict__
+            for key, value in _FILTERED[name].items():
+                d[key] = view(value.name) if isinstance(value, _Submodule) else value
+            d["__getattr__"] = _missing(name, guard)
+            views[name] = mod
+        return views[name]
+
+    def safe_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if isinstance(fromlist, list) and level == 0 and name in sys.modules:
+            # C code (numpy, pyarrow) called from the snippet imports through the snippet's
+            # builtins (PyImport_Import); it takes the module from sys.modules itself, so the
+            # snippet calling this directly gets nothing back.
+            return None
+        if level != 0 or name not in IMPORTABLE:
+            raise guard.refuse(
+                f"import of '{name}' is not allowed (allowed: {', '.join(sorted(ALLOWED_MODULES))})"
+            )
+        for item in fromlist or ():
+            if item == "*" or item.startswith("_") or item in HIDDEN_NAMES.get(name, ()):
+                raise guard.refuse(f"'from {name} import {item}' is not allowed")
+        return view(name) if fromlist else view(name.split(".")[0])
+
+    def safe_getattr(obj, name, *default):
+        if not isinstance(name, str) or attribute_forbidden(name) or name == "format":
+            raise guard.refuse(f"getattr(..., {name!r}) is not allowed")
+        return getattr(obj, name, *default)
+
+    def safe_hasattr(obj, name):
+        if not isinstance(name, str) or attribute_forbidden(name) or name == "format":
+            raise guard.refuse(f"hasattr(..., {name!r}) is not allowed")
+        return hasattr(obj, name)
+
+    def forbidden(name: str):
+        def refuse(*args, **kwargs):
+            raise guard.refuse(f"'{name}' is not available in pushdown python")
+
+        return refuse
+
+    safe = {name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES}
+    for name, value in vars(builtins).items():
+        if isinstance(value, type) and issubclass(value, BaseException):
+            safe[name] = value
+    for name in FORBIDDEN_BUILTINS:
+        safe[name] = forbidden(name)
+    safe.update(
+        __import__=safe_import,
+        getattr=safe_getattr,
+        hasattr=safe_hasattr,
+        print=_discard,
+        __build_class__=builtins.__build_class__,
+    )
+    return {"__builtins__": safe, "__name__": "pushdown"}
+
+
+def _missing(modname: str, guard: Guard):
+    """Module ``__getattr__`` of a view: hidden names are violations, typos get a hint."""
+    real = vars(sys.modules[modname])
+    hidden = HIDDEN_NAMES.get(modname, frozenset())
+
+    def getattr_(attr: str):
+        if attr in real or attr in hidden or attr.startswith("_"):
+            raise guard.refuse(f"'{modname}.{attr}' is not available in pushdown python")
+        close = difflib.get_close_matches(attr, list(_FILTERED[modname]), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise AttributeError(f"module '{modname}' has no attribute '{attr}'{hint}")
+
+    return getattr_
+
+
+def _discard(*args, **kwargs) -> None:
+    """``print`` in a snippet: output is not collected (the result is the table)."""

@@ -1,0 +1,64 @@
+"""A compromised sandbox worker: speaks the protocol, then misbehaves (tests only).
+
+Usage: evil_worker.py MODE --in FD --out FD [ignored pool options...]
+MODE: drip (slow-drip output), flood (claims a huge payload), garbage (bytes that are not
+Arrow), header (an oversized header), die (exits mid-reply), silent (never answers).
+"""
+
+import json
+import os
+import struct
+import sys
+import time
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    args = sys.argv[2:]
+    rfd = int(args[args.index("--in") + 1])
+    wfd = int(args[args.index("--out") + 1])
+
+    def send(header: dict, payload: bytes = b"", claimed: int | None = None) -> None:
+        head = json.dumps(header).encode()
+        size = len(payload) if claimed is None else claimed
+        os.write(wfd, struct.pack("<II", len(head), size) + head)
+        if payload:
+            os.write(wfd, payload)
+
+    def read_exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = os.read(rfd, n - len(buf))
+            if not chunk:
+                sys.exit(0)
+            buf += chunk
+        return buf
+
+    send({"status": "ready", "layers": {"evil": "active"}, "pid": os.getpid()})
+    while True:
+        hlen, plen = struct.unpack("<II", read_exact(8))
+        read_exact(hlen + plen)
+        if mode == "drip":
+            send({"status": "ok", "rows": 1}, claimed=4096)
+            for _ in range(4096):
+                os.write(wfd, b"\x00")
+                time.sleep(0.05)
+        elif mode == "flood":
+            send({"status": "ok", "rows": 1}, claimed=(1 << 32) - 1)
+            chunk = b"\xff" * (1 << 16)
+            while True:
+                os.write(wfd, chunk)
+        elif mode == "garbage":
+            send({"status": "ok", "rows": 3}, os.urandom(1000))
+        elif mode == "header":
+            os.write(wfd, struct.pack("<II", (1 << 31), 0))
+            time.sleep(60)
+        elif mode == "die":
+            send({"status": "ok", "rows": 1}, claimed=100)
+            os._exit(3)
+        elif mode == "silent":
+            time.sleep(600)
+
+
+if __name__ == "__main__":
+    main()
