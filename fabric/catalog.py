@@ -1,0 +1,282 @@
+"""The catalog: source URIs -> planning views (schema, capabilities) and sources.
+
+Built from ``fabric.yaml``. ``<kind>://<connection>/<object>`` resolves through the
+connection (opened lazily with ``connectors.base.open_connection``); ``dataset://<name>``
+through the ``dataset_sources`` hook (the materialized datasets), or, when none is given,
+through the dataset's declared schema. Views are cached; ``version`` increases whenever a
+source's schema changes (``refresh()``), which invalidates compiled plans.
+
+``offline=True`` never opens a connection: object schemas come from the declarations in
+``connections.<name>.schemas`` (used by ``fabric validate --offline`` and tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from connectors.base import (
+    Connection,
+    ScanRequest,
+    Source,
+    SourceError,
+    UnknownObjectError,
+    open_connection,
+)
+from dsl.errors import DslError, Span, did_you_mean
+from fabric.config import ConnectionConfig, DatasetConfig, FabricConfig
+
+#: capabilities assumed for a kind when planning offline (no connector opened)
+OFFLINE_CAPABILITIES: dict[str, frozenset[str]] = {
+    "kafka": frozenset({"projection", "latest_by", "time_range"}),
+    "mysql": frozenset({"projection", "limit", "order_by"}),
+    "postgres": frozenset({"projection", "limit", "order_by"}),
+    "sql": frozenset({"projection", "limit", "order_by"}),
+    "mongo": frozenset({"projection", "limit", "order_by"}),
+    "s3": frozenset({"projection"}),
+    "file": frozenset({"projection"}),
+    "memory": frozenset({"projection", "limit", "order_by"}),
+    "dataset": frozenset({"projection", "limit", "order_by", "vector_search", "time_range"}),
+}
+SQL_KINDS = ("mysql", "postgres", "sql")
+
+
+class DeclaredSource(Source):
+    """A source known only by its declared schema (offline planning, or a dataset whose
+    materialized store is not attached to this process). ``scan`` raises."""
+
+    def __init__(self, uri: str, schema: pa.Schema, capabilities: frozenset[str]):
+        super().__init__(uri)
+        self._schema = schema
+        self.capabilities = capabilities  # type: ignore[misc]
+
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        raise SourceError(
+            self.uri,
+            "only its declared schema is known here (no live source attached)",
+            hint="open the fabric with its connections (not offline) or attach the dataset",
+        )
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """What the planner knows about one source without moving data."""
+
+    uri: str
+    kind: str
+    schema: pa.Schema
+    capabilities: frozenset[str]
+    source: Source
+    dataset: DatasetConfig | None = None
+
+    @property
+    def is_dataset(self) -> bool:
+        return self.kind == "dataset"
+
+
+def split_uri(uri: str) -> tuple[str, str, str]:
+    """``mysql://shop/merchants`` -> ('mysql', 'shop', 'merchants'); ``dataset://news`` -> ('dataset', 'news', '')."""
+    kind, _, rest = uri.partition("://")
+    conn, _, obj = rest.partition("/")
+    return kind, conn, obj
+
+
+class Catalog:
+    def __init__(
+        self,
+        config: FabricConfig,
+        *,
+        connections: Mapping[str, Connection] | None = None,
+        dataset_sources: Mapping[str, Source] | None = None,
+        offline: bool = False,
+    ):
+        self.config = config
+        self.offline = offline
+        self._connections: dict[str, Connection] = dict(connections or {})
+        self._datasets: dict[str, Source] = dict(dataset_sources or {})
+        self._views: dict[str, SourceView] = {}
+        self._lock = threading.RLock()
+        self.version = 1
+        for name, cc in config.connections.items():
+            if cc.kind == "memory" and name not in self._connections:
+                self._connections[name] = self._memory(cc)
+
+    # ---- connections
+    @staticmethod
+    def _memory(cc: ConnectionConfig) -> Connection:
+        from connectors.memory import MemoryConnection
+
+        conn = MemoryConnection(cc.name, dict(cc.options))
+        for obj, schema in cc.schemas.items():
+            conn.add(obj, schema.empty_table())
+        return conn
+
+    def connection(self, name: str, span: Span | None = None) -> Connection:
+        with self._lock:
+            if name in self._connections:
+                return self._connections[name]
+            cc = self.config.connections.get(name)
+            if cc is None:
+                raise DslError.at(
+                    f"unknown connection '{name}'",
+                    span,
+                    did_you_mean(name, self.config.connections, "connections"),
+                )
+            try:
+                conn = open_connection(name, cc.options)
+            except (ImportError, AttributeError) as e:
+                raise DslError.at(
+                    f"connection '{name}' ({cc.kind}) is not available: {e}", span
+                ) from None
+            self._connections[name] = conn
+            return conn
+
+    def register_dataset(self, name: str, source: Source) -> None:
+        """Attach the materialized store of a dataset (the datasets module calls this)."""
+        with self._lock:
+            self._datasets[name] = source
+            self._views.pop(f"dataset://{name}", None)
+            self.version += 1
+
+    # ---- resolution
+    def resolve(self, uri: str, span: Span | None = None) -> SourceView:
+        view = self._views.get(uri)
+        if view is not None:
+            return view
+        with self._lock:
+            view = self._views.get(uri)
+            if view is None:
+                view = self._resolve(uri, span)
+                self._views[uri] = view
+            return view
+
+    def source(self, uri: str) -> Source:
+        """The source to scan (the executor's entry point)."""
+        return self.resolve(uri).source
+
+    def schema(self, uri: str) -> pa.Schema:
+        return self.resolve(uri).schema
+
+    def _resolve(self, uri: str, span: Span | None) -> SourceView:
+        kind, conn_name, obj = split_uri(uri)
+        if kind == "dataset":
+            return self._dataset(conn_name, uri, span)
+        cc = self.config.connections.get(conn_name)
+        if cc is None and conn_name not in self._connections:
+            raise DslError.at(
+                f"unknown connection '{conn_name}' in {uri}",
+                span,
+                did_you_mean(conn_name, self.config.connections, "connections"),
+            )
+        if cc is not None and kind != cc.kind and not (kind in SQL_KINDS and cc.kind in SQL_KINDS):
+            raise DslError.at(
+                f"connection '{conn_name}' is a {cc.kind} connection, not {kind}",
+                span,
+                f"write {cc.kind}://{conn_name}/{obj}",
+            )
+        declared = cc.schemas.get(obj) if cc is not None else None
+        if (
+            self.offline
+            and (cc is None or cc.kind != "memory")
+            and conn_name not in self._connections
+        ):
+            if declared is None:
+                existing = sorted(cc.schemas) if cc else []
+                raise DslError.at(
+                    f"{uri} has no declared schema (offline)",
+                    span,
+                    (
+                        did_you_mean(obj, existing, "declared objects")
+                        if existing
+                        else f"declare it under connections.{conn_name}.schemas.{obj} or validate online"
+                    ),
+                )
+            caps = OFFLINE_CAPABILITIES.get(kind, frozenset({"projection"}))
+            return SourceView(uri, kind, declared, caps, DeclaredSource(uri, declared, caps))
+        conn = self.connection(conn_name, span)
+        opts: dict[str, Any] = {"schema": declared} if declared is not None else {}
+        try:
+            src = conn.source(obj, opts or None)
+            schema = declared if declared is not None else src.schema()
+        except UnknownObjectError as e:
+            what = {"mongo": "collections", "kafka": "topics", "s3": "objects"}.get(kind, "tables")
+            raise DslError.at(
+                f"{uri} does not exist", span, did_you_mean(obj, e.existing, what)
+            ) from None
+        except SourceError as e:
+            raise DslError.at(
+                f"cannot plan over {uri}: {e}",
+                span,
+                e.hint or "check that the server is up, or validate with --offline",
+            ) from None
+        caps = frozenset(getattr(src, "capabilities", frozenset({"projection"})))
+        return SourceView(uri, kind, schema, caps, src)
+
+    def _dataset(self, name: str, uri: str, span: Span | None) -> SourceView:
+        dc = self.config.datasets.get(name)
+        src = self._datasets.get(name)
+        if dc is None and src is None:
+            raise DslError.at(
+                f"unknown dataset '{name}'",
+                span,
+                did_you_mean(name, set(self.config.datasets) | set(self._datasets), "datasets"),
+            )
+        if src is None:
+            assert dc is not None
+            caps = OFFLINE_CAPABILITIES["dataset"]
+            return SourceView(
+                uri, "dataset", dc.schema, caps, DeclaredSource(uri, dc.schema, caps), dc
+            )
+        caps = frozenset(getattr(src, "capabilities", frozenset())) | {"vector_search"}
+        return SourceView(uri, "dataset", src.schema(), caps, src, dc)
+
+    # ---- invalidation
+    def refresh(self) -> bool:
+        """Re-read the schema of every cached source; bump ``version`` if any changed."""
+        changed = False
+        with self._lock:
+            for uri, view in list(self._views.items()):
+                try:
+                    declared = None
+                    if view.kind != "dataset":
+                        _, conn, obj = split_uri(uri)
+                        cc = self.config.connections.get(conn)
+                        declared = cc.schemas.get(obj) if cc else None
+                    schema = declared if declared is not None else view.source.schema()
+                except Exception:
+                    self._views.pop(uri, None)
+                    changed = True
+                    continue
+                if not schema.equals(view.schema):
+                    self._views[uri] = SourceView(
+                        uri, view.kind, schema, view.capabilities, view.source, view.dataset
+                    )
+                    changed = True
+            if changed:
+                self.version += 1
+        return changed
+
+    def invalidate(self, uri: str | None = None) -> None:
+        with self._lock:
+            if uri is None:
+                self._views.clear()
+            else:
+                self._views.pop(uri, None)
+            self.version += 1
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections.values():
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+            self._views.clear()

@@ -1,0 +1,675 @@
+"""``fabric.yaml``: connections, datasets, binding locations, signals, crypto, sandbox.
+
+Parsed strictly (unknown keys rejected with "did you mean ...", every error at file,
+line and column) into frozen dataclasses. ``${ENV}`` in any string is replaced by the
+environment variable; a missing one is an error naming it and where it is used
+(``${NAME:-default}`` gives a default).
+
+    connections:
+      shop: {kind: mysql, url: "mysql+pymysql://fabric:${SHOP_PASSWORD}@127.0.0.1:3306/shop"}
+      crm:  {kind: mongo, url: "mongodb://127.0.0.1:27017", database: crm,
+             schemas: {coupons: {merchant_id: int, code: str, discount: float}}}
+    datasets:
+      news:
+        from: kafka://bus/news
+        key: id
+        schema: {id: str, published_at: timestamp, body: str, embedding: vector[384]}
+        indexes: {embedding: hnsw, published_at: btree, body: inverted}
+    bindings: [agents/]
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from dsl import parser as P
+from dsl.errors import Diagnostic, DslError, Span, did_you_mean
+from dsl.options import check_uri, duration_seconds
+from dsl.types import ValueType
+from dsl.yamlpos import YamlText
+
+TOP_KEYS = (
+    "connections",
+    "datasets",
+    "bindings",
+    "signals",
+    "crypto",
+    "sandbox",
+    "server",
+    "ingest",
+)
+CONNECTION_KINDS = ("mysql", "postgres", "sql", "mongo", "s3", "file", "kafka", "memory")
+#: options each connection kind accepts (besides kind, schemas, description)
+CONNECTION_KEYS: dict[str, tuple[str, ...]] = {
+    "mysql": ("url", "pool_size", "connect_timeout", "query_timeout", "options"),
+    "postgres": ("url", "pool_size", "connect_timeout", "query_timeout", "options"),
+    "sql": ("url", "pool_size", "connect_timeout", "query_timeout", "options"),
+    "mongo": ("url", "database", "connect_timeout", "query_timeout", "options"),
+    "s3": (
+        "endpoint",
+        "bucket",
+        "access_key",
+        "secret_key",
+        "region",
+        "scheme",
+        "format",
+        "prefix",
+        "options",
+    ),
+    "file": ("root", "format", "options"),
+    "kafka": ("bootstrap", "group_prefix", "format", "security", "options"),
+    "memory": ("options",),
+}
+DATASET_KEYS = (
+    "from",
+    "key",
+    "schema",
+    "indexes",
+    "description",
+    "retention",
+    "time_column",
+    "where",
+)
+INDEX_KINDS = ("hnsw", "btree", "inverted")
+INDEX_KEYS = {
+    "hnsw": ("kind", "metric", "M", "ef_construction", "ef", "max_elements"),
+    "btree": ("kind",),
+    "inverted": ("kind", "tokenizer", "lowercase"),
+}
+SIGNAL_KEYS = ("stale_when", "heartbeat", "targets", "sources", "hysteresis", "timeout")
+STALE_KEYS = ("lag_messages", "lag_seconds")
+SANDBOX_KEYS = (
+    "cpu_seconds",
+    "wall_seconds",
+    "memory_mb",
+    "output_mb",
+    "allowed_imports",
+    "workers",
+)
+CRYPTO_KEYS = ("public_context", "agents")
+SERVER_KEYS = ("host", "port")
+INGEST_KEYS = ("checkpoint_dir", "group_prefix", "batch_size", "enabled")
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+@dataclass(frozen=True)
+class ConnectionConfig:
+    """One ``connections:`` entry. ``options`` holds every key (with ``kind``), env-substituted,
+    as ``connectors.base.open_connection(name, options)`` expects. ``schemas`` declares
+    object schemas (Mongo collections, JSON topics; memory tables)."""
+
+    name: str
+    kind: str
+    options: Mapping[str, Any]
+    schemas: Mapping[str, pa.Schema] = field(default_factory=dict)
+    span: Span | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    column: str
+    kind: str  # hnsw | btree | inverted
+    options: Mapping[str, Any] = field(default_factory=dict)  # metric, M, ef_construction, ef, ...
+
+    @property
+    def metric(self) -> str | None:
+        return self.options.get("metric")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """A materialized, indexed dataset. ``from_uri`` None: filled only through upsert."""
+
+    name: str
+    schema: pa.Schema
+    key: str | None = None
+    from_uri: str | None = None
+    indexes: tuple[IndexConfig, ...] = ()
+    description: str | None = None
+    retention_seconds: float | None = None
+    time_column: str | None = None
+    span: Span | None = field(default=None, compare=False)
+
+    def index(self, column: str) -> IndexConfig | None:
+        return next((i for i in self.indexes if i.column == column), None)
+
+
+@dataclass(frozen=True)
+class StaleWhen:
+    lag_messages: int | None = 1000
+    lag_seconds: float | None = 30.0
+
+
+@dataclass(frozen=True)
+class SignalsConfig:
+    stale_when: StaleWhen = StaleWhen()
+    heartbeat_seconds: float = 5.0
+    targets: tuple[str, ...] = ()
+    sources: Mapping[str, StaleWhen] = field(default_factory=dict)  # per source URI overrides
+    hysteresis: float = 0.8  # recover when lag < hysteresis * threshold
+    timeout_seconds: float = 2.0
+
+    def threshold(self, uri: str) -> StaleWhen:
+        return self.sources.get(uri, self.stale_when)
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    cpu_seconds: float = 2.0
+    wall_seconds: float = 5.0
+    memory_mb: int = 512
+    output_mb: int = 64
+    allowed_imports: tuple[str, ...] = ()
+    workers: int = 2
+
+
+@dataclass(frozen=True)
+class CryptoConfig:
+    public_context: Path | None = None
+    agents: Mapping[str, Path] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    enabled: bool = True
+    checkpoint_dir: Path | None = None
+    group_prefix: str = "fabric"
+    batch_size: int = 10_000
+
+
+@dataclass(frozen=True)
+class FabricConfig:
+    path: Path | None
+    root: Path
+    connections: Mapping[str, ConnectionConfig] = field(default_factory=dict)
+    datasets: Mapping[str, DatasetConfig] = field(default_factory=dict)
+    bindings: tuple[str, ...] = ()
+    signals: SignalsConfig = SignalsConfig()
+    crypto: CryptoConfig = CryptoConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    server: ServerConfig = ServerConfig()
+    ingest: IngestConfig = IngestConfig()
+
+    def binding_files(self) -> list[Path]:
+        """Every binding file: directories (``*.yaml``/``*.yml`` recursively), globs and files,
+        relative to the config file."""
+        out: dict[Path, None] = {}
+        for pattern in self.bindings:
+            p = Path(pattern)
+            base = p if p.is_absolute() else self.root / p
+            if any(ch in pattern for ch in "*?["):
+                for f in sorted(glob.glob(str(base), recursive=True)):
+                    if Path(f).is_file():
+                        out[Path(f)] = None
+            elif base.is_dir():
+                for f in sorted(base.rglob("*")):
+                    if f.suffix in (".yaml", ".yml") and f.is_file():
+                        out[f] = None
+            elif base.is_file():
+                out[base] = None
+        return list(out)
+
+
+# ------------------------------------------------------------------ loading
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    root: str | Path | None = None,
+) -> FabricConfig:
+    """Load ``fabric.yaml`` from a path, from YAML text (a string containing a newline), or
+    from a dict. Raises DslError with every problem found."""
+    env = os.environ if env is None else env
+    if source is None:
+        return FabricConfig(None, Path(root or ".").resolve())
+    if isinstance(source, Mapping):
+        import io
+
+        from ruamel.yaml import YAML
+
+        buf = io.StringIO()
+        YAML(typ="rt").dump(_plain(source), buf)
+        return _load_text(buf.getvalue(), "<config>", None, Path(root or ".").resolve(), env)
+    if isinstance(source, str) and "\n" in source:
+        return _load_text(source, "<config>", None, Path(root or ".").resolve(), env)
+    path = Path(source)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise DslError.at(
+            f"cannot read config {path}: {e.strerror}",
+            Span(str(path), 1, 1),
+            "pass the path of fabric.yaml (fabric.open('fabric.yaml'))",
+        ) from None
+    return _load_text(text, str(path), path.resolve(), path.resolve().parent, env)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, Path):
+        return str(v)
+    return v
+
+
+class _Loader:
+    def __init__(self, y: YamlText, env: Mapping[str, str], root: Path):
+        self.y, self.env, self.root = y, env, root
+        self.problems: list[Diagnostic] = []
+
+    def collect(self, fn, *args, default=None):
+        try:
+            return fn(*args)
+        except DslError as e:
+            self.problems.extend(self.y.with_source(e).diagnostics)
+            return default
+
+    def subst(self, c, key) -> Any:
+        v = c[key]
+        if isinstance(v, str) and "${" in v:
+
+            def repl(m: re.Match[str]) -> str:
+                name, default = m.group(1), m.group(2)
+                if name in self.env:
+                    return self.env[name]
+                if default is not None:
+                    return default
+                raise self.y.error(
+                    f"environment variable {name} is not set",
+                    self.y.value_span(c, key),
+                    f"export {name}=... before starting the fabric, or write ${{{name}:-default}}",
+                )
+
+            return _ENV.sub(repl, str(v))
+        if isinstance(v, CommentedMap):
+            return {str(k): self.subst(v, k) for k in v}
+        if isinstance(v, CommentedSeq):
+            return [self.subst(v, i) for i in range(len(v))]
+        return v
+
+
+def _load_text(
+    text: str, file: str, path: Path | None, root: Path, env: Mapping[str, str]
+) -> FabricConfig:
+    y = YamlText(text, file)
+    docs = y.documents()
+    if len(docs) > 1:
+        raise y.error("fabric.yaml must hold one YAML document", y.node_span(docs[1]))
+    doc = docs[0] if docs else CommentedMap()
+    if not isinstance(doc, CommentedMap):
+        raise y.error(
+            "fabric.yaml must be a mapping (connections:, datasets:, bindings: ...)",
+            y.node_span(doc),
+        )
+    L = _Loader(y, env, root)
+    L.collect(y.check_keys, doc, TOP_KEYS, "fabric.yaml")
+    conns = L.collect(_connections, L, doc, default={}) if doc.get("connections") else {}
+    datasets = L.collect(_datasets, L, doc, conns, default={}) if doc.get("datasets") else {}
+    bindings = L.collect(_bindings, L, doc, default=()) if doc.get("bindings") else ()
+    signals = (
+        L.collect(_signals, L, doc, default=SignalsConfig())
+        if doc.get("signals")
+        else SignalsConfig()
+    )
+    crypto = (
+        L.collect(_crypto, L, doc, default=CryptoConfig()) if doc.get("crypto") else CryptoConfig()
+    )
+    sandbox = (
+        L.collect(_sandbox, L, doc, default=SandboxConfig())
+        if doc.get("sandbox")
+        else SandboxConfig()
+    )
+    server = (
+        L.collect(_server, L, doc, default=ServerConfig()) if doc.get("server") else ServerConfig()
+    )
+    ingest = (
+        L.collect(_ingest, L, doc, default=IngestConfig()) if doc.get("ingest") else IngestConfig()
+    )
+    if L.problems:
+        raise DslError(L.problems)
+    return FabricConfig(
+        path, root, conns, datasets, bindings, signals, crypto, sandbox, server, ingest
+    )
+
+
+def _name_ok(L: _Loader, m: CommentedMap, key: Any, what: str) -> str:
+    k = str(key)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", k):
+        raise L.y.error(
+            f"{what} '{k}' is not a valid name",
+            L.y.key_span(m, key),
+            "use letters, digits, _ and -",
+        )
+    return k
+
+
+def _connections(L: _Loader, doc: CommentedMap) -> dict[str, ConnectionConfig]:
+    y = L.y
+    m = y.mapping(doc, "connections", "connections")
+    out = {}
+    for key in m:
+
+        def one(key=key) -> None:
+            name = _name_ok(L, m, key, "connection")
+            cm = y.mapping(m, key, f"connection '{name}'")
+            if "kind" not in cm:
+                raise y.error(
+                    f"connection '{name}' needs 'kind'",
+                    y.key_span(m, key),
+                    f"kinds: {', '.join(CONNECTION_KINDS)}",
+                )
+            kind = y.string(cm, "kind", "kind")
+            if kind not in CONNECTION_KINDS:
+                raise y.error(
+                    f"unknown connection kind '{kind}'",
+                    y.value_span(cm, "kind"),
+                    did_you_mean(kind, CONNECTION_KINDS, "kinds"),
+                )
+            allowed = ("kind", "schemas", "description", *CONNECTION_KEYS[kind])
+            y.check_keys(cm, allowed, f"connection '{name}' ({kind})")
+            options = {str(k): L.subst(cm, k) for k in cm if k not in ("schemas", "description")}
+            schemas = {}
+            if "schemas" in cm:
+                sm = y.mapping(cm, "schemas", "schemas")
+                for obj in sm:
+                    schemas[str(obj)] = _schema(L, sm, obj, f"schema of {kind}://{name}/{obj}")
+            out[name] = ConnectionConfig(name, kind, options, schemas, span=y.key_span(m, key))
+
+        L.collect(one)
+    return out
+
+
+def _schema(L: _Loader, parent: Any, key: Any, what: str) -> pa.Schema:
+    y = L.y
+    sm = y.mapping(parent, key, what)
+    fields = []
+    for col in sm:
+        t = _type(L, sm, col)
+        fields.append(pa.field(str(col), t.arrow()))
+    if not fields:
+        raise y.error(f"{what} declares no columns", y.value_span(parent, key))
+    return pa.schema(fields)
+
+
+def _type(L: _Loader, m: CommentedMap, key: Any) -> ValueType:
+    y = L.y
+    if not isinstance(m[key], str):
+        raise y.error(
+            f"type of column '{key}' must be a type name, got {m[key]!r}",
+            y.value_span(m, key),
+            "types: int, float, str, bool, timestamp, date, bytes, list[T], vector[N]",
+        )
+    text, ln, col, positions = y.scalar(m, key)
+    t = P.parse_type(text, y.file, ln, col, positions=positions)
+    if t.kind == "encrypted":
+        raise y.error("encrypted[N] is a session type, not a column type", y.value_span(m, key))
+    return t
+
+
+def _datasets(
+    L: _Loader, doc: CommentedMap, conns: Mapping[str, ConnectionConfig]
+) -> dict[str, DatasetConfig]:
+    y = L.y
+    m = y.mapping(doc, "datasets", "datasets")
+    out = {}
+    for key in m:
+
+        def one(key=key) -> None:
+            name = _name_ok(L, m, key, "dataset")
+            dm = y.mapping(m, key, f"dataset '{name}'")
+            y.check_keys(dm, DATASET_KEYS, f"dataset '{name}'", required=("schema",))
+            schema = _schema(L, dm, "schema", f"schema of dataset '{name}'")
+            from_uri = None
+            if dm.get("from") is not None:
+                from_uri = check_uri(y.string(dm, "from", "from").strip(), y.value_span(dm, "from"))
+                if from_uri.startswith("dataset://"):
+                    raise y.error(
+                        "a dataset cannot be fed from another dataset", y.value_span(dm, "from")
+                    )
+                conn = from_uri.split("://", 1)[1].split("/", 1)[0]
+                if conn not in conns:
+                    raise y.error(
+                        f"unknown connection '{conn}' in dataset '{name}'",
+                        y.value_span(dm, "from"),
+                        did_you_mean(conn, conns, "connections"),
+                    )
+            key_col = None
+            if "key" in dm:
+                key_col = y.string(dm, "key", "key")
+                if key_col not in schema.names:
+                    raise y.error(
+                        f"key column '{key_col}' is not in the schema of dataset '{name}'",
+                        y.value_span(dm, "key"),
+                        did_you_mean(key_col, schema.names, "columns"),
+                    )
+            indexes = _indexes(L, dm, schema, name) if "indexes" in dm else ()
+            retention = (
+                duration_seconds(dm["retention"], y.value_span(dm, "retention"), "retention")
+                if "retention" in dm
+                else None
+            )
+            time_col = None
+            if "time_column" in dm:
+                time_col = y.string(dm, "time_column", "time_column")
+                if time_col not in schema.names:
+                    raise y.error(
+                        f"time_column '{time_col}' is not in the schema",
+                        y.value_span(dm, "time_column"),
+                        did_you_mean(time_col, schema.names, "columns"),
+                    )
+            desc = y.string(dm, "description", "description") if "description" in dm else None
+            out[name] = DatasetConfig(
+                name,
+                schema,
+                key_col,
+                from_uri,
+                indexes,
+                desc,
+                retention,
+                time_col,
+                span=y.key_span(m, key),
+            )
+
+        L.collect(one)
+    return out
+
+
+def _indexes(L: _Loader, dm: CommentedMap, schema: pa.Schema, ds: str) -> tuple[IndexConfig, ...]:
+    y = L.y
+    im = y.mapping(dm, "indexes", "indexes")
+    out = []
+    for col in im:
+        c = str(col)
+        if c not in schema.names:
+            raise y.error(
+                f"index on unknown column '{c}' of dataset '{ds}'",
+                y.key_span(im, col),
+                did_you_mean(c, schema.names, "columns"),
+            )
+        v = im[col]
+        opts: dict[str, Any] = {}
+        if isinstance(v, CommentedMap):
+            if "kind" not in v:
+                raise y.error(
+                    f"index on '{c}' needs 'kind'",
+                    y.key_span(im, col),
+                    f"kinds: {', '.join(INDEX_KINDS)}",
+                )
+            kind = y.string(v, "kind", "index kind")
+            if kind in INDEX_KEYS:
+                y.check_keys(v, INDEX_KEYS[kind], f"{kind} index on '{c}'")
+            opts = {str(k): v[k] for k in v if k != "kind"}
+            span = y.value_span(v, "kind")
+        else:
+            kind = y.string(im, col, "index kind")
+            span = y.value_span(im, col)
+        if kind not in INDEX_KINDS:
+            raise y.error(
+                f"unknown index kind '{kind}'", span, did_you_mean(kind, INDEX_KINDS, "index kinds")
+            )
+        t = schema.field(c).type
+        if kind == "hnsw" and not pa.types.is_fixed_size_list(t):
+            raise y.error(f"hnsw index needs a vector[N] column; '{c}' is {P_type(t)}", span)
+        if kind == "inverted" and not (pa.types.is_string(t) or pa.types.is_list(t)):
+            raise y.error(
+                f"inverted index needs a str or list[str] column; '{c}' is {P_type(t)}", span
+            )
+        if kind == "hnsw":
+            metric = opts.get("metric", "cosine")
+            if metric not in ("cosine", "l2", "ip"):
+                raise y.error(
+                    f"unknown hnsw metric {metric!r}",
+                    y.value_span(v, "metric"),
+                    did_you_mean(str(metric), ("cosine", "l2", "ip"), "metrics"),
+                )
+            for k in ("M", "ef_construction", "ef", "max_elements"):
+                if k in opts and (
+                    isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] <= 0
+                ):
+                    raise y.error(f"hnsw {k} must be a positive integer", y.value_span(v, k))
+            opts = {"metric": metric, **{k: val for k, val in opts.items() if k != "metric"}}
+        out.append(IndexConfig(c, kind, opts))
+    return tuple(out)
+
+
+def P_type(t: pa.DataType) -> str:
+    from dsl.types import from_arrow
+
+    return from_arrow(t)
+
+
+def _bindings(L: _Loader, doc: CommentedMap) -> tuple[str, ...]:
+    y = L.y
+    out = []
+    for c, k in y.items(doc, "bindings"):
+        if not isinstance(c[k], str):
+            raise y.error("bindings must list directories, globs or files", y.value_span(c, k))
+        out.append(L.subst(c, k))
+    return tuple(out)
+
+
+def _stale(L: _Loader, m: CommentedMap, key: Any, base: StaleWhen | None = None) -> StaleWhen:
+    y = L.y
+    sm = y.mapping(m, key, "stale_when")
+    y.check_keys(sm, STALE_KEYS, "stale_when")
+    base = base or StaleWhen()
+    msgs = base.lag_messages
+    secs = base.lag_seconds
+    if "lag_messages" in sm:
+        msgs = y.integer(sm, "lag_messages", "lag_messages", 1)
+    if "lag_seconds" in sm:
+        secs = duration_seconds(sm["lag_seconds"], y.value_span(sm, "lag_seconds"), "lag_seconds")
+    return StaleWhen(msgs, secs)
+
+
+def _signals(L: _Loader, doc: CommentedMap) -> SignalsConfig:
+    y = L.y
+    m = y.mapping(doc, "signals", "signals")
+    y.check_keys(m, SIGNAL_KEYS, "signals")
+    stale = _stale(L, m, "stale_when") if "stale_when" in m else StaleWhen()
+    hb = (
+        duration_seconds(m["heartbeat"], y.value_span(m, "heartbeat"), "heartbeat")
+        if "heartbeat" in m
+        else 5.0
+    )
+    targets = []
+    if "targets" in m:
+        for c, k in y.items(m, "targets"):
+            t = L.subst(c, k)
+            if not isinstance(t, str) or not re.match(r"^(udp|http|https)://", t):
+                raise y.error(
+                    f"signal target must be udp://host:port or http(s)://..., got {t!r}",
+                    y.value_span(c, k),
+                )
+            targets.append(t)
+    sources = {}
+    if "sources" in m:
+        srcm = y.mapping(m, "sources", "signals sources")
+        for uri in srcm:
+            sources[str(uri)] = _stale(L, srcm, uri, stale)
+    hyst = 0.8
+    if "hysteresis" in m:
+        hyst = m["hysteresis"]
+        if isinstance(hyst, bool) or not isinstance(hyst, int | float) or not 0 < hyst <= 1:
+            raise y.error("hysteresis must be a number in (0, 1]", y.value_span(m, "hysteresis"))
+    timeout = (
+        duration_seconds(m["timeout"], y.value_span(m, "timeout"), "timeout")
+        if "timeout" in m
+        else 2.0
+    )
+    return SignalsConfig(stale, hb, tuple(targets), sources, float(hyst), timeout)
+
+
+def _sandbox(L: _Loader, doc: CommentedMap) -> SandboxConfig:
+    y = L.y
+    m = y.mapping(doc, "sandbox", "sandbox")
+    y.check_keys(m, SANDBOX_KEYS, "sandbox")
+    kw: dict[str, Any] = {}
+    for k in ("cpu_seconds", "wall_seconds"):
+        if k in m:
+            kw[k] = duration_seconds(m[k], y.value_span(m, k), k)
+    for k in ("memory_mb", "output_mb", "workers"):
+        if k in m:
+            kw[k] = y.integer(m, k, k, 1)
+    if "allowed_imports" in m:
+        kw["allowed_imports"] = tuple(str(c[k]) for c, k in y.items(m, "allowed_imports"))
+    return SandboxConfig(**kw)
+
+
+def _crypto(L: _Loader, doc: CommentedMap) -> CryptoConfig:
+    y = L.y
+    m = y.mapping(doc, "crypto", "crypto")
+    y.check_keys(m, CRYPTO_KEYS, "crypto")
+    pub = L.root / L.subst(m, "public_context") if "public_context" in m else None
+    agents = {}
+    if "agents" in m:
+        am = y.mapping(m, "agents", "crypto agents")
+        agents = {str(k): L.root / str(L.subst(am, k)) for k in am}
+    return CryptoConfig(pub, agents)
+
+
+def _server(L: _Loader, doc: CommentedMap) -> ServerConfig:
+    y = L.y
+    m = y.mapping(doc, "server", "server")
+    y.check_keys(m, SERVER_KEYS, "server")
+    return ServerConfig(
+        str(L.subst(m, "host")) if "host" in m else "127.0.0.1",
+        y.integer(m, "port", "port", 1) if "port" in m else 8765,
+    )
+
+
+def _ingest(L: _Loader, doc: CommentedMap) -> IngestConfig:
+    y = L.y
+    m = y.mapping(doc, "ingest", "ingest")
+    y.check_keys(m, INGEST_KEYS, "ingest")
+    kw: dict[str, Any] = {}
+    if "enabled" in m:
+        if not isinstance(m["enabled"], bool):
+            raise y.error("enabled must be true or false", y.value_span(m, "enabled"))
+        kw["enabled"] = m["enabled"]
+    if "checkpoint_dir" in m:
+        kw["checkpoint_dir"] = L.root / str(L.subst(m, "checkpoint_dir"))
+    if "group_prefix" in m:
+        kw["group_prefix"] = y.string(m, "group_prefix", "group_prefix")
+    if "batch_size" in m:
+        kw["batch_size"] = y.integer(m, "batch_size", "batch_size", 1)
+    return IngestConfig(**kw)

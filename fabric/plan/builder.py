@@ -1,0 +1,771 @@
+"""BindingSpec + catalog -> the UNOPTIMIZED logical plan, with every semantic check.
+
+Shape (bottom-up), for sources declared in order s1, s2, ...:
+
+    Scan s1 (or VectorSearch for ``nearest``; its filters go inside)
+    Filter   where-conjuncts of s1 over its own columns
+    Derive   derive: of s1;  Filter  conjuncts over s1's derived columns
+    Join     left-deep with s2 (same per-source stack), on s2's join:, ...
+    Filter   conjuncts mentioning several sources, as soon as all are joined
+    Aggregate  group_by / aggregates in select
+    Sort     order_by (select aliases resolve to their expressions)
+    EncryptedScore  select items scoring an encrypted session value
+    Project  select
+    Limit    limit / offset
+    UserFunction  pushdown.python
+
+Columns in the plan are qualified by source alias (``m.status``); filters inside a
+``VectorSearch`` use the dataset's own names. Errors point into the binding file and
+list what exists (sources, columns, session values, functions).
+"""
+
+from __future__ import annotations
+
+import ast as pyast
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from dsl import ast as A
+from dsl.errors import Diagnostic, DslError, Span, did_you_mean
+from dsl.spec import BindingSpec, SourceSpec
+from dsl.types import ValueType
+from fabric.plan import nodes as N
+from fabric.plan.types import ENCRYPTED, ENCRYPTED_FUNCTIONS, Env, infer, name_of, vector_size
+
+
+def build(spec: BindingSpec, catalog: Any) -> N.Plan:
+    """The logical plan of ``spec``; raises DslError with every problem found."""
+    return _Builder(spec, catalog).build()
+
+
+def _agg_calls(e: A.Expr) -> list[A.Call]:
+    out: list[A.Call] = []
+
+    def go(x: A.Expr) -> None:
+        if isinstance(x, A.Call) and x.is_aggregate:
+            out.append(x)
+            return
+        for ch in x.children():
+            go(ch)
+
+    go(e)
+    return out
+
+
+def _has_agg(e: A.Expr) -> bool:
+    return any(isinstance(x, A.Call) and x.is_aggregate for x in e.walk())
+
+
+def _encrypted_params(e: A.Expr, params: dict[str, ValueType]) -> list[A.Param]:
+    return [
+        x
+        for x in e.walk()
+        if isinstance(x, A.Param) and x.name in params and params[x.name].encrypted
+    ]
+
+
+class _Builder:
+    def __init__(self, spec: BindingSpec, catalog: Any):
+        self.spec = spec
+        self.catalog = catalog
+        self.params = spec.session_types
+        self.problems: list[Diagnostic] = []
+        # alias -> {column name -> type}, in declaration order (derived columns included)
+        self.cols: dict[str, dict[str, pa.DataType]] = {}
+        self.views: dict[str, Any] = {}
+
+    # ---- error collection
+    def attempt(self, fn: Callable[[], Any], default: Any = None) -> Any:
+        try:
+            return fn()
+        except DslError as e:
+            self.problems.extend(e.diagnostics)
+            return default
+
+    def fail_if_problems(self) -> None:
+        if self.problems:
+            raise DslError(self.problems)
+
+    def env(self, aliases: list[str] | None = None) -> Env:
+        cols: dict[str, pa.DataType] = {}
+        for a in aliases if aliases is not None else list(self.cols):
+            for n, t in self.cols[a].items():
+                cols[f"{a}.{n}"] = t
+        return Env(cols, self.params)
+
+    # ---- column resolution
+    def qualify(self, e: A.Expr, scope: list[str], local: str | None, what: str) -> A.Expr:
+        """Qualify every column of ``e`` against the sources in ``scope`` (``local`` first)."""
+
+        def fix(n: A.Expr) -> A.Expr | None:
+            if isinstance(n, A.Column):
+                return self._column(n, scope, local, what)
+            if isinstance(n, A.Star) and n.source is not None and n.source not in scope:
+                raise DslError.at(
+                    f"unknown source '{n.source}' in {what}",
+                    n.span,
+                    did_you_mean(n.source, scope, "sources"),
+                )
+            return None
+
+        return A.replace(e, fix)
+
+    def _column(self, c: A.Column, scope: list[str], local: str | None, what: str) -> A.Column:
+        if c.source is not None:
+            if c.source in scope:
+                return self._in_source(c, c.source, c.name)
+            # ``meta.city`` where meta is a (struct) column, not a source alias
+            dotted = f"{c.source}.{c.name}"
+            owners = [a for a in ([local] if local else scope) if a and self._has(a, dotted)]
+            if len(owners) == 1:
+                return A.Column(dotted, owners[0], span=c.span)
+            later = [a for a in self.spec_aliases() if a not in scope]
+            if c.source in later:
+                raise DslError.at(
+                    f"source '{c.source}' is not available in {what}",
+                    c.span,
+                    f"'{c.source}' is joined later; here you can use: {', '.join(scope)}",
+                )
+            raise DslError.at(
+                f"unknown source '{c.source}' in {what}",
+                c.span,
+                did_you_mean(c.source, scope, "sources"),
+            )
+        if local is not None:
+            if self._has(local, c.name):
+                return A.Column(c.name, local, span=c.span)
+            raise DslError.at(
+                f"unknown column '{c.name}' in source '{local}'",
+                c.span,
+                did_you_mean(c.name, self.cols[local], "columns"),
+            )
+        owners = [a for a in scope if self._has(a, c.name)]
+        if len(owners) == 1:
+            return A.Column(c.name, owners[0], span=c.span)
+        if len(owners) > 1:
+            raise DslError.at(
+                f"column '{c.name}' is ambiguous",
+                c.span,
+                f"qualify it: {' or '.join(f'{a}.{c.name}' for a in owners)}",
+            )
+        every = sorted({f"{a}.{n}" for a in scope for n in self.cols[a]})
+        close = did_you_mean(c.name, {n.split(".", 1)[1] for n in every}, "columns")
+        raise DslError.at(
+            f"unknown column '{c.name}'",
+            c.span,
+            close if close.startswith("did") else f"existing columns: {', '.join(every)}",
+        )
+
+    def _has(self, alias: str, name: str) -> bool:
+        return name in self.cols.get(alias, {})
+
+    def _in_source(self, c: A.Column, alias: str, name: str) -> A.Column:
+        if not self._has(alias, name):
+            raise DslError.at(
+                f"unknown column '{name}' in source '{alias}' ({self.views[alias].uri})",
+                c.span,
+                did_you_mean(name, self.cols[alias], "columns"),
+            )
+        return A.Column(name, alias, span=c.span)
+
+    def spec_aliases(self) -> list[str]:
+        return [s.alias.value for s in self.spec.sources]
+
+    def check_no_agg(self, e: A.Expr, what: str) -> None:
+        for x in e.walk():
+            if isinstance(x, A.Call) and x.is_aggregate:
+                raise DslError.at(
+                    f"aggregate {x.name}() is not allowed in {what}",
+                    x.span,
+                    "aggregates belong in select (with group_by)",
+                )
+
+    def check_not_encrypted(self, e: A.Expr, what: str) -> None:
+        for p in _encrypted_params(e, self.params):
+            raise DslError.at(
+                f"encrypted session value '{p.name}' cannot be used in {what}",
+                p.span,
+                f"the fabric never sees its plain value; score it in select with "
+                f"{', '.join(f'{f}()' for f in ENCRYPTED_FUNCTIONS)}",
+            )
+
+    def check_bool(self, e: A.Expr, env: Env, what: str) -> None:
+        t = infer(e, env)
+        if not (pa.types.is_boolean(t) or pa.types.is_null(t)):
+            raise DslError.at(
+                f"{what} must be a true/false condition; {e} is {name_of(t)}",
+                e.span,
+                "compare it, e.g. x > 0 or x = 'value'",
+            )
+
+    # ---- the plan
+    def build(self) -> N.Plan:
+        spec = self.spec
+        if not spec.sources:
+            raise DslError.at(
+                f"binding '{spec.name}' has no sources",
+                spec.span,
+                "add sources: (or from ... in text)",
+            )
+        seen: dict[str, SourceSpec] = {}
+        for s in spec.sources:
+            if s.alias.value in seen:
+                self.problems.append(
+                    Diagnostic(
+                        f"source alias '{s.alias.value}' is used twice",
+                        s.alias.span,
+                        "give each source its own alias (as x)",
+                    )
+                )
+            seen[s.alias.value] = s
+            view = self.attempt(lambda s=s: self.catalog.resolve(s.uri, s.uri_span))
+            if view is not None:
+                self.views[s.alias.value] = view
+                self.cols[s.alias.value] = {f.name: f.type for f in view.schema}
+        self.fail_if_problems()
+
+        plan: N.Plan | None = None
+        joined: list[str] = []
+        deferred: list[tuple[A.Expr, set[str]]] = []
+        for s in spec.sources:
+            alias = s.alias.value
+            leaf, cross = self.attempt(lambda s=s: self.source_plan(s), (None, []))
+            deferred.extend(cross)
+            if leaf is None:
+                joined.append(alias)
+                continue
+            if plan is None:
+                if s.join is not None and joined == []:
+                    self.problems.append(
+                        Diagnostic(
+                            f"the first source '{alias}' cannot have join:",
+                            s.join.span,
+                            "join: belongs to the sources that follow",
+                        )
+                    )
+                plan = leaf
+            else:
+                on = self.attempt(lambda s=s: self.join_condition(s, joined))
+                if on is not None:
+                    plan = N.Join(plan, leaf, on, s.join.how if s.join else "inner")
+            joined.append(alias)
+            if plan is not None:
+                plan = self.apply_deferred(plan, deferred, joined)
+        self.fail_if_problems()
+        assert plan is not None
+        for e, _aliases in deferred:
+            self.problems.append(
+                Diagnostic(f"condition {e} refers to sources that are never joined", e.span)
+            )
+        self.fail_if_problems()
+        return self.finish(plan, joined)
+
+    def apply_deferred(
+        self, plan: N.Plan, deferred: list[tuple[A.Expr, set[str]]], joined: list[str]
+    ) -> N.Plan:
+        ready = [e for e, al in deferred if al <= set(joined)]
+        if ready:
+            deferred[:] = [(e, al) for e, al in deferred if not al <= set(joined)]
+            plan = N.Filter(plan, A.and_all(ready))  # type: ignore[arg-type]
+        return plan
+
+    def source_plan(self, s: SourceSpec) -> tuple[N.Plan, list[tuple[A.Expr, set[str]]]]:
+        alias = s.alias.value
+        view = self.views[alias]
+        base_cols = set(self.cols[alias])
+        fresh = None
+        if s.freshness is not None:
+            f = s.freshness
+            fresh = N.Freshness(f.max_lag_seconds, f.max_lag_messages, f.on_stale, f.wait_timeout)
+        # derived columns first, so where-conjuncts may use them
+        derived: list[tuple[str, A.Expr, pa.DataType]] = []
+        for d in s.derive:
+            name = d.name.value
+            if name in self.cols[alias]:
+                raise DslError.at(
+                    f"derived column '{name}' already exists in source '{alias}'",
+                    d.name.span,
+                    "pick another name",
+                )
+            e = self.qualify(d.expr, [alias], alias, f"derive of '{alias}'")
+            self.check_no_agg(e, "derive")
+            self.check_not_encrypted(e, "derive")
+            t = infer(e, self.env([alias]))
+            derived.append((f"{alias}.{name}", e, t))
+            self.cols[alias][name] = t
+        scope = [a for a in self.spec_aliases() if a in self.cols]
+        local, local_derived, cross = [], [], []
+        for w in s.where:
+            for conj in A.conjuncts(w):
+                e = self._qualify_where(conj, alias, scope)
+                self.check_no_agg(e, "where")
+                self.check_not_encrypted(e, "where")
+                self.check_bool(e, self.env(), "where")
+                refs = A.sources_of(e)
+                if refs <= {alias}:
+                    uses_derived = any(c.name not in base_cols for c in e.columns())
+                    (local_derived if uses_derived else local).append(e)
+                else:
+                    cross.append((e, refs | {alias}))
+        if s.latest_by:
+            if "latest_by" not in view.capabilities:
+                raise DslError.at(
+                    f"latest_by needs a source that keeps the newest record per key; {view.uri} "
+                    f"({view.kind}) cannot",
+                    s.latest_by[0].span,
+                    "use latest_by on a kafka:// stream or a dataset, or aggregate with max()",
+                )
+            for n in s.latest_by:
+                if n.value not in base_cols:
+                    raise DslError.at(
+                        f"unknown latest_by column '{n.value}' in source '{alias}'",
+                        n.span,
+                        did_you_mean(n.value, base_cols, "columns"),
+                    )
+        if s.nearest is not None:
+            leaf: N.Plan = self.vector_search(s, view, local, fresh)
+        else:
+            leaf = N.Scan(
+                alias,
+                view.uri,
+                view.schema,
+                latest_by=tuple(n.value for n in s.latest_by),
+                freshness=fresh,
+            )
+            if local:
+                leaf = N.Filter(leaf, A.and_all(local))  # type: ignore[arg-type]
+        if derived:
+            leaf = N.Derive(leaf, tuple(derived))
+        if local_derived:
+            leaf = N.Filter(leaf, A.and_all(local_derived))  # type: ignore[arg-type]
+        return leaf, cross
+
+    def _qualify_where(self, e: A.Expr, alias: str, scope: list[str]) -> A.Expr:
+        """Unqualified columns in a source's where belong to that source; qualified ones may
+        name other sources (the condition then applies after the join)."""
+
+        def fix(n: A.Expr) -> A.Expr | None:
+            if isinstance(n, A.Column):
+                if n.source is None:
+                    return self._column(n, scope, alias, f"where of '{alias}'")
+                return self._column(n, scope, None, f"where of '{alias}'")
+            return None
+
+        return A.replace(e, fix)
+
+    def vector_search(
+        self, s: SourceSpec, view: Any, local: list[A.Expr], fresh: N.Freshness | None
+    ) -> N.Plan:
+        nr = s.nearest
+        assert nr is not None
+        alias = s.alias.value
+        if not view.is_dataset:
+            raise DslError.at(
+                f"nearest needs an indexed dataset (dataset://<name>); {view.uri} is a {view.kind} source",
+                nr.span,
+                "declare a dataset in fabric.yaml with an hnsw index and read from dataset://",
+            )
+        col = nr.column.value
+        schema: pa.Schema = view.schema
+        if col not in schema.names:
+            raise DslError.at(
+                f"unknown column '{col}' in dataset {view.uri}",
+                nr.column.span,
+                did_you_mean(col, schema.names, "columns"),
+            )
+        ct = schema.field(col).type
+        if not pa.types.is_fixed_size_list(ct):
+            vecs = [f.name for f in schema if pa.types.is_fixed_size_list(f.type)]
+            raise DslError.at(
+                f"nearest column '{col}' is {name_of(ct)}, not a vector",
+                nr.column.span,
+                f"vector columns: {', '.join(vecs)}"
+                if vecs
+                else "this dataset has no vector[N] column",
+            )
+        if nr.to.columns():
+            raise DslError.at(
+                "nearest to: must be a session value or a constant vector, not a column",
+                nr.to.span,
+                'e.g. to: "{{session.query_vec}}"',
+            )
+        self.check_not_encrypted(nr.to, "nearest")
+        tt = infer(nr.to, self.env([alias]))
+        size = vector_size(nr.to, tt)
+        if not (
+            pa.types.is_fixed_size_list(tt)
+            or (isinstance(nr.to, A.Literal) and nr.to.type == "list")
+        ):
+            raise DslError.at(
+                f"nearest to: must be a vector; {nr.to} is {name_of(tt)}",
+                nr.to.span,
+                f"declare the session value as vector[{ct.list_size}]",
+            )
+        if size is not None and size != ct.list_size:
+            raise DslError.at(
+                f"vector size mismatch: {nr.to} has {size} values, column '{col}' is "
+                f"vector[{ct.list_size}]",
+                nr.to.span,
+                f"declare the session value as vector[{ct.list_size}]",
+            )
+        metric = nr.metric
+        if metric is None and view.dataset is not None:
+            idx = view.dataset.index(col)
+            metric = idx.metric if idx is not None else None
+        filters = tuple(A.unqualify(e) for e in local)
+        return N.VectorSearch(
+            alias, view.uri, schema, col, nr.to, nr.k, filters, metric=metric, freshness=fresh
+        )
+
+    def join_condition(self, s: SourceSpec, joined: list[str]) -> A.Expr:
+        alias = s.alias.value
+        if s.join is None:
+            raise DslError.at(
+                f"source '{alias}' needs a join: condition",
+                s.span or s.alias.span,
+                f"e.g. join: {alias}.<column> = {joined[-1]}.<column>",
+            )
+        scope = [*joined, alias]
+        on = self.qualify(s.join.on, scope, None, f"join of '{alias}'")
+        self.check_no_agg(on, "join")
+        self.check_not_encrypted(on, "join")
+        self.check_bool(on, self.env(scope), "join")
+        refs = A.sources_of(on)
+        if alias not in refs or not refs - {alias}:
+            raise DslError.at(
+                f"join of '{alias}' must relate '{alias}' to an earlier source",
+                s.join.span,
+                f"e.g. join: {alias}.<column> = {joined[-1]}.<column>",
+            )
+        env = self.env(scope)
+        for conj in A.conjuncts(on):
+            if isinstance(conj, A.Binary) and conj.op == "=":
+                lt, rt = infer(conj.left, env), infer(conj.right, env)
+                from fabric.plan.types import comparable
+
+                if not comparable(lt, rt):
+                    raise DslError.at(
+                        f"join between incompatible types: {conj.left} is {name_of(lt)}, "
+                        f"{conj.right} is {name_of(rt)}",
+                        conj.span,
+                        "join columns of the same kind (cast in derive: if needed)",
+                    )
+        return on
+
+    # ---- select / group / order / limit / pushdown
+    def finish(self, plan: N.Plan, joined: list[str]) -> N.Plan:
+        spec = self.spec
+        env = self.env(joined)
+        items = self.attempt(lambda: self.select_items(joined), [])
+        group = []
+        for g in spec.group_by:
+            ge = self.attempt(lambda g=g: self._group_key(g, joined))
+            if ge is not None:
+                group.append(ge)
+        self.fail_if_problems()
+        aggregating = bool(group) or any(_has_agg(e) for _, e, _s in items)
+        encrypted = {n for n, e, _s in items if _encrypted_params(e, self.params)}
+        if aggregating:
+            plan, items, post_env, key_map = self.aggregate(plan, items, group, env)
+        else:
+            post_env, key_map = env, {}
+        sort_keys = []
+        for k in spec.order_by:
+            sk = self.attempt(
+                lambda k=k: self.sort_key(
+                    k, joined, items, post_env, key_map, aggregating, encrypted
+                )
+            )
+            if sk is not None:
+                sort_keys.append(sk)
+        self.fail_if_problems()
+        if sort_keys:
+            plan = N.Sort(plan, tuple(sort_keys))
+        proj: list[tuple[str, A.Expr, pa.DataType]] = []
+        for name, e, span in items:
+            if name in encrypted:
+                score = self.attempt(lambda e=e, span=span: self.encrypted_score(e, span, post_env))
+                if score is not None:
+                    plan = N.EncryptedScore(plan, name, score[0], score[1])
+                    proj.append((name, A.Column(name, span=e.span), pa.binary()))
+                continue
+            t = self.attempt(lambda e=e: infer(e, post_env))
+            if t is not None:
+                proj.append((name, e, t))
+        self.fail_if_problems()
+        if encrypted:
+            post_env = Env({**post_env.columns, **{n: pa.binary() for n in encrypted}}, self.params)
+        plan = N.Project(plan, tuple(proj))
+        if spec.limit is not None or spec.offset:
+            plan = N.Limit(plan, spec.limit if spec.limit is not None else 2**63 - 1, spec.offset)
+        if spec.pushdown is not None:
+            plan = self.user_function(plan)
+        return plan
+
+    def select_items(self, joined: list[str]) -> list[tuple[str, A.Expr, Span | None]]:
+        """(output name, qualified expression, span) per select item; ``m.*`` expanded."""
+        out: list[tuple[str, A.Expr, Span | None]] = []
+        names: dict[str, Span | None] = {}
+        explicit: set[str] = set()
+        items = self.spec.select or tuple(_star_item(None))
+        for it in items:
+            e = it.expr
+            if isinstance(e, A.Star):
+                aliases = [e.source] if e.source else joined
+                for a in aliases:
+                    if a not in joined:
+                        raise DslError.at(
+                            f"unknown source '{a}' in select",
+                            e.span,
+                            did_you_mean(a, joined, "sources"),
+                        )
+                    for col in self.cols[a]:
+                        name = col if col not in names else f"{a}.{col}"
+                        if name in names:
+                            continue
+                        names[name] = it.span
+                        out.append((name, A.Column(col, a, span=e.span), it.span))
+                continue
+            q = self.attempt(lambda e=e: self.qualify(e, joined, None, "select"))
+            if q is None:
+                continue
+            if it.alias:
+                name = it.alias
+            elif isinstance(q, A.Column):
+                name = q.name
+            else:
+                name = str(e)
+            if name in names:
+                if name in explicit or it.alias:
+                    self.problems.append(
+                        Diagnostic(
+                            f"output column '{name}' is selected twice",
+                            it.span or e.span,
+                            f"rename one: {e} as <other_name>",
+                        )
+                    )
+                    continue
+                # a plain column colliding with a star expansion: qualify the later one
+                name = f"{q.source}.{q.name}" if isinstance(q, A.Column) and q.source else name
+            names[name] = it.span
+            explicit.add(name)
+            out.append((name, q, it.span or e.span))
+        return out
+
+    def _group_key(self, g: A.Expr, joined: list[str]) -> A.Expr:
+        e = self.qualify(g, joined, None, "group_by")
+        self.check_no_agg(e, "group_by")
+        self.check_not_encrypted(e, "group_by")
+        infer(e, self.env(joined))
+        return e
+
+    def aggregate(
+        self,
+        plan: N.Plan,
+        items: list[tuple[str, A.Expr, Span | None]],
+        group: list[A.Expr],
+        env: Env,
+    ):
+        """Aggregate node + the select items rewritten over its output."""
+        keys: list[tuple[str, A.Expr, pa.DataType]] = []
+        key_map: dict[A.Expr, A.Expr] = {}
+        for g in group:
+            if g in key_map:
+                continue
+            name = g.qualified if isinstance(g, A.Column) else str(g)
+            keys.append((name, g, infer(g, env)))
+            key_map[g] = g if isinstance(g, A.Column) else A.Column(name, span=g.span)
+        aggs: list[tuple[str, A.Call, pa.DataType]] = []
+        agg_names: dict[A.Call, str] = {}
+
+        def add_agg(c: A.Call, preferred: str | None) -> None:
+            if c in agg_names:
+                return
+            self.check_not_encrypted(c, "an aggregate")
+            t = infer(c, env)
+            name = preferred or str(c)
+            taken = {n for n, _, _ in keys} | set(agg_names.values())
+            if name in taken:
+                name = str(c)
+            agg_names[c] = name
+            aggs.append((name, c, t))
+
+        for name, e, _span in items:
+            if isinstance(e, A.Call) and e.is_aggregate:
+                self.attempt(lambda e=e, name=name: add_agg(e, name))
+            else:
+                for c in _agg_calls(e):
+                    self.attempt(lambda c=c: add_agg(c, None))
+        for k in self.spec.order_by:
+            for c in _agg_calls(k.expr):
+                q = self.attempt(lambda c=c: self.qualify(c, list(self.cols), None, "order_by"))
+                if q is not None:
+                    self.attempt(lambda q=q: add_agg(q, None))
+        self.fail_if_problems()
+        agg_map: dict[A.Expr, A.Expr] = {c: A.Column(n, span=c.span) for c, n in agg_names.items()}
+        new_items = []
+        for name, e, span in items:
+            r = self.attempt(lambda e=e: self.over_aggregate(e, key_map, agg_map, "select"))
+            if r is not None:
+                new_items.append((name, r, span))
+        self.fail_if_problems()
+        node = N.Aggregate(plan, tuple(keys), tuple(aggs))
+        post = Env({n: t for n, _, t in keys} | {n: t for n, _, t in aggs}, self.params)
+        key_map.update(agg_map)
+        return node, new_items, post, key_map
+
+    def over_aggregate(
+        self, e: A.Expr, key_map: dict[A.Expr, A.Expr], agg_map: dict[A.Expr, A.Expr], what: str
+    ) -> A.Expr:
+        """Rewrite ``e`` over the Aggregate's output; a bare column must be a group key."""
+        if e in key_map:
+            return key_map[e]
+        if e in agg_map:
+            return agg_map[e]
+        if isinstance(e, A.Column):
+            raise DslError.at(
+                f"column '{e.qualified}' must appear in group_by or inside an aggregate",
+                e.span,
+                f"add it to group_by, or use e.g. max({e.qualified})",
+            )
+        if isinstance(e, A.Call) and e.is_aggregate:
+            raise DslError.at(f"aggregate {e} is not computed here", e.span)
+        return (
+            A.replace(e, lambda n: None)
+            if not e.children()
+            else _rebuild(e, lambda x: self.over_aggregate(x, key_map, agg_map, what))
+        )
+
+    def sort_key(
+        self,
+        k: A.SortKey,
+        joined: list[str],
+        items: list[tuple[str, A.Expr, Span | None]],
+        env: Env,
+        key_map: dict[A.Expr, A.Expr],
+        aggregating: bool,
+        encrypted: set[str],
+    ) -> A.SortKey:
+        e = k.expr
+        outputs = {name: ex for name, ex, _ in items}
+        if isinstance(e, A.Column) and e.source is None and e.name in outputs:
+            if e.name in encrypted:
+                raise DslError.at(
+                    f"cannot order by encrypted column '{e.name}'",
+                    e.span,
+                    "the fabric cannot see encrypted scores; order on the agent side",
+                )
+            return A.SortKey(outputs[e.name], k.descending, k.nulls_first, span=k.span)
+        q = self.qualify(e, joined, None, "order_by")
+        self.check_not_encrypted(q, "order_by")
+        if aggregating:
+            agg_only = {
+                x: y for x, y in key_map.items() if isinstance(x, A.Call) and x.is_aggregate
+            }
+            q = self.over_aggregate(
+                q, {x: y for x, y in key_map.items() if x not in agg_only}, agg_only, "order_by"
+            )
+        else:
+            self.check_no_agg(q, "order_by without group_by or aggregates in select")
+        infer(q, env)
+        return A.SortKey(q, k.descending, k.nulls_first, span=k.span)
+
+    def encrypted_score(self, e: A.Expr, span: Span | None, env: Env) -> tuple[A.Call, int]:
+        if not isinstance(e, A.Call) or e.name not in ENCRYPTED_FUNCTIONS:
+            raise DslError.at(
+                "an encrypted session value can only be scored directly: "
+                + ", ".join(f"{f}(...)" for f in ENCRYPTED_FUNCTIONS),
+                e.span or span,
+                "e.g. risk: weighted({{session.ctx}}, [0.5, 0.3, 0.2])",
+            )
+        infer(e, env)
+        p = _encrypted_params(e, self.params)[0]
+        size = self.params[p.name].size
+        other = e.args[1]
+        ot = infer(other, env)
+        n = vector_size(other, ot)
+        if n is not None and n != size:
+            raise DslError.at(
+                f"size mismatch: {{{{session.{p.name}}}}} is encrypted[{size}], {other} has {n} values",
+                other.span or e.span,
+                f"give {size} values",
+            )
+        depth = 1
+        if e.name == "poly":
+            degree = max(len(other.value) - 1, 1) if isinstance(other, A.Literal) else 1
+            depth = max(1, (degree - 1).bit_length() + 1)
+        return e, depth
+
+    def user_function(self, plan: N.Plan) -> N.Plan:
+        pd = self.spec.pushdown
+        assert pd is not None
+        try:
+            tree = pyast.parse(pd.python, pd.file)
+        except SyntaxError as e:
+            line = pd.line + (e.lineno or 1) - 1
+            col = (e.offset or 1) + (
+                pd.col - 1 if (e.lineno or 1) == 1 else _indent(pd, e.lineno or 1)
+            )
+            raise DslError.at(
+                f"python syntax error in pushdown: {e.msg}", Span(pd.file, line, col, line, col + 1)
+            ) from None
+        if not any(isinstance(n, pyast.FunctionDef) and n.name == "run" for n in tree.body):
+            raise DslError.at(
+                "pushdown python must define run(table)",
+                pd.span,
+                "def run(table):  # pyarrow.Table in, pyarrow.Table out",
+            )
+        params = []
+        for n in pd.params:
+            if n.value not in self.params:
+                raise DslError.at(
+                    f"pushdown param '{n.value}' is not a declared session value",
+                    n.span,
+                    did_you_mean(n.value, self.params, "session values"),
+                )
+            if self.params[n.value].encrypted:
+                raise DslError.at(
+                    f"encrypted session value '{n.value}' cannot be passed to python", n.span
+                )
+            params.append(n.value)
+        lim = pd.limits
+        return N.UserFunction(
+            plan,
+            pd.python,
+            pd.file,
+            pd.line,
+            pd.col,
+            tuple(params),
+            N.SandboxLimitsSpec(lim.cpu_seconds, lim.wall_seconds, lim.memory_mb, lim.output_mb),
+        )
+
+
+def _indent(pd: Any, lineno: int) -> int:
+    # block scalars keep their indentation in the file; python reports columns within the code
+    return pd.col - 1
+
+
+def _rebuild(e: A.Expr, fn: Callable[[A.Expr], A.Expr]) -> A.Expr:
+    """``e`` with each direct child replaced by ``fn(child)``."""
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(e):
+        if f.name == "span":
+            continue
+        v = getattr(e, f.name)
+        if isinstance(v, A.Expr):
+            changes[f.name] = fn(v)
+        elif isinstance(v, tuple) and any(isinstance(x, A.Expr) for x in v):
+            changes[f.name] = tuple(fn(x) if isinstance(x, A.Expr) else x for x in v)
+    return dataclasses.replace(e, **changes) if changes else e
+
+
+def _star_item(source: str | None):
+    from dsl.spec import SelectItem
+
+    yield SelectItem(A.Star(source))
+
+
+__all__ = ["ENCRYPTED", "build"]
