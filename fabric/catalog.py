@@ -275,8 +275,6 @@ class Catalog:
     def close(self) -> None:
         with self._lock:
             for conn in self._connections.values():
-                try:
+                with contextlib.suppress(Exception):  # closing is best effort
                     conn.close()
-                except Exception:
-                    pass
             self._views.clear()
