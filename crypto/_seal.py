@@ -137,9 +137,9 @@ class Engine:
             raise DepthError(f"{op}: the ciphertext has no multiplicative level left")
 
     # encoding ----------------------------------------------------------------------------
-    def encode(self, slots_or_scalar, ct, scale: float):
+    def encode(self, slots_or_scalar: float | np.ndarray, ct, scale: float):
         pt = seal.Plaintext()
-        if np.isscalar(slots_or_scalar):
+        if isinstance(slots_or_scalar, int | float | np.floating):
             self.encoder.encode(float(slots_or_scalar), ct.parms_id(), scale, pt)
         else:
             self.encoder.encode(

@@ -21,6 +21,7 @@ import contextlib
 import json
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from .vector import EncryptedVector
@@ -59,7 +60,10 @@ def is_encrypted_type(t: pa.DataType) -> bool:
 
 
 def packed_array(
-    cts: Sequence[EncryptedVector], ct_index: Sequence[int], slots: Sequence[int], n: int = 1
+    cts: Sequence[EncryptedVector],
+    ct_index: Sequence[int] | np.ndarray,
+    slots: Sequence[int | None] | np.ndarray,
+    n: int = 1,
 ) -> pa.ExtensionArray:
     """Rows pointing into shared ciphertexts: row ``i`` is slot ``slots[i]`` of
     ``cts[ct_index[i]]`` (``slots[i]`` None means the whole vector)."""

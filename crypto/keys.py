@@ -21,7 +21,14 @@ import tenseal.sealapi as seal
 
 from . import _seal, envelope
 from .arrow import iter_cells
-from .errors import CryptoError, FormatError, KeyMismatchError, ParamsError, ShapeError
+from .errors import (
+    CryptoError,
+    FormatError,
+    KeyMismatchError,
+    ParamsError,
+    SecretKeyError,
+    ShapeError,
+)
 from .params import ParamSet, check_definition, get_params
 from .vector import EncryptedVector, OpRecord
 
@@ -265,6 +272,14 @@ class PublicContext:
 
     def to_bytes(self) -> bytes:
         return self._raw
+
+    def decrypt(self, x: Any) -> Any:
+        """Always raises: the fabric has no secret key. Results go back to the agent."""
+        raise SecretKeyError(
+            f"the fabric cannot decrypt: it holds only the public context of key {self.key_id} "
+            "(no secret key); return the encrypted value to the agent and call "
+            "KeyRing.decrypt there"
+        )
 
     def ciphertext(self, x: EncryptedVector | bytes, what: str = "encrypted vector"):
         """The live SEAL ciphertext of ``x`` after checking its key and parameters."""

@@ -406,7 +406,7 @@ def score_dot(
 def broadcast(value: EncryptedVector, rows: int) -> pa.ExtensionArray:
     """A column of ``rows`` cells that all point at one encrypted value (stored once), e.g.
     a query-level ``weighted(...)`` score attached to every result row."""
-    slot = 0 if value.n == 1 else None
+    slot: int | None = 0 if value.n == 1 else None
     return packed_array([value], [0] * rows, [slot] * rows, value.n)
 
 

@@ -19,6 +19,7 @@ from crypto import (
     KeyRing,
     ParamsError,
     PublicContext,
+    SecretKeyError,
     ShapeError,
     TruncatedError,
     _seal,
@@ -55,7 +56,6 @@ VALUES = [0.7, 0.2, 0.9]
 
 def test_fabric_side_holds_no_secret_key(pub: PublicContext, pub_bytes: bytes) -> None:
     assert pub.has_secret_key() is False
-    assert not hasattr(pub, "decrypt")
     held = list(vars(pub).values()) + list(vars(pub.engine).values())
     assert not any(isinstance(v, seal.SecretKey) for v in held)
     header = envelope.unpack(pub_bytes, b"C").header
@@ -77,6 +77,8 @@ def test_serialized_public_context_does_not_contain_the_secret_key(
 def test_decrypting_on_the_fabric_side_fails(ring: KeyRing, pub: PublicContext) -> None:
     enc = ring.encrypt(VALUES)
     result = ops.weighted(pub, enc, [1.0, 1.0, 1.0])
+    with pytest.raises(SecretKeyError, match="the fabric cannot decrypt"):
+        pub.decrypt(result)
     # The fabric can build SEAL objects, but not a decryptor for the agent's key: the best
     # it can do is a secret key of its own, which yields noise, not the values.
     ctx = _seal.seal_context(pub.params)
