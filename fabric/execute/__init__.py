@@ -1,0 +1,823 @@
+"""Run an optimized plan over Arrow: federated execution.
+
+``execute(plan, params, catalog, binding=...)`` runs in three steps:
+
+1. **Source units in parallel.** Each source's *unit* (its Scan or VectorSearch plus the
+   Filter/Derive chain right above it) runs in its own thread: check freshness, build a
+   ``ScanRequest`` (projection, exact + inexact filters, bound params, limit, order,
+   latest_by), stream the batches, then apply the residual filters and derived columns
+   with pyarrow compute. A unit with dynamic filters first waits for the units that
+   provide their keys, then sends the distinct keys as a bound ``IN`` list parameter
+   (``__dyn_<n>``), unless there are more than ``max_keys`` of them.
+2. **Above the units.** Joins and aggregates (with the filters, projections, sorts and
+   limits above them) become one DuckDB query over the units' Arrow tables, registered
+   zero-copy, with every value bound as a ``$n`` parameter. A plan without join or
+   aggregate stays in pyarrow (DuckDB's fixed cost is ~0.6 ms per query).
+3. **Hooks.** ``UserFunction`` runs through ``catalog.sandbox().run(...)``,
+   ``EncryptedScore`` through ``catalog.crypto_score(node, table, params)``.
+
+The ``Result`` carries per-source freshness, stats (rows and bytes fetched per source,
+time per operator) and, with ``analyze=True``, the plan annotated with actual rows and
+times (see docs/execution.md).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as dt
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.arrow_expr import NotTranslatable, utcnow
+from connectors.base import ScanRequest, SourceError
+from dsl.ast import Call, Column, Expr, InList, Param, conjuncts, unqualify
+from dsl.ast import replace as replace_expr
+from fabric import functions
+from fabric.execute import freshness as _fresh
+from fabric.execute.errors import QueryError
+from fabric.execute.sql import Rel, SqlBuilder, UnresolvedColumn, resolve, substitute
+from fabric.optimizer._util import units as _units
+from fabric.plan.nodes import (
+    Aggregate,
+    Derive,
+    EncryptedScore,
+    Filter,
+    Join,
+    Limit,
+    Plan,
+    Project,
+    Scan,
+    Sort,
+    UserFunction,
+    VectorSearch,
+)
+from fabric.result import Result
+
+__all__ = ["QueryError", "execute"]
+
+DEFAULT_TIMEOUT = ScanRequest.timeout or 30.0
+
+
+def execute(
+    plan: Plan,
+    params: Mapping[str, Any] | None,
+    catalog: Any,
+    *,
+    binding: str,
+    analyze: bool = False,
+    now: dt.datetime | None = None,
+    allow_partial: bool = False,
+) -> Result:
+    """Run ``plan`` with the session values ``params``; see the module docstring.
+
+    ``allow_partial``: a failing source yields an empty table and ``Result.partial``
+    instead of an error (for bindings that accept partial answers)."""
+    return _Run(
+        plan, dict(params or {}), catalog, binding, analyze, now or utcnow(), allow_partial
+    ).run()
+
+
+class _Run:
+    def __init__(
+        self,
+        plan: Plan,
+        params: dict[str, Any],
+        catalog: Any,
+        binding: str,
+        analyze: bool,
+        now: dt.datetime,
+        allow_partial: bool,
+    ):
+        self.plan = plan
+        self.params = params
+        self.catalog = catalog
+        self.binding = binding
+        self.analyze = analyze
+        self.now = now
+        self.allow_partial = allow_partial
+        self.units = _units(plan)
+        self.unit_top = {id(top): alias for alias, top in self.units.items()}
+        self.node_stats: dict[int, dict[str, Any]] = {}
+        self.sources: dict[str, dict[str, Any]] = {}
+        self.freshness: dict[str, dict[str, Any]] = {}
+        self.infos: dict[str, str] = {}
+        self.futures: dict[str, cf.Future[pa.Table]] = {}
+        self.waited = 0.0
+        self.partial = False
+        self._lock = threading.Lock()
+        self.timeout = float(getattr(catalog, "scan_timeout", None) or DEFAULT_TIMEOUT)
+
+    # ------------------------------------------------------------ driver
+    def run(self) -> Result:
+        t0 = time.perf_counter()
+        order = self._unit_order()
+        pool = cf.ThreadPoolExecutor(
+            max_workers=max(1, len(order)), thread_name_prefix="fabric-scan"
+        )
+        try:
+            self.deadline = time.monotonic() + self.timeout * (1 + self._depth())
+            for alias in order:
+                self.futures[alias] = pool.submit(self._unit, alias)
+            table = self._eval(self.plan)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        table = _conform(table, self.plan.schema)
+        total_ms = (time.perf_counter() - t0) * 1000
+        stats = {
+            "sources": self.sources,
+            "operators": [
+                {"op": s["op"], "rows": s.get("rows"), "time_ms": round(s.get("time_ms", 0.0), 3)}
+                for s in self.node_stats.values()
+            ],
+            "total_ms": round(total_ms, 3),
+            "rows_fetched": sum(s.get("rows", 0) for s in self.sources.values()),
+            "bytes_fetched": sum(s.get("bytes", 0) for s in self.sources.values()),
+        }
+        explain = self._explain(table, total_ms) if self.analyze else None
+        return Result(
+            table, self.freshness, stats, explain, self.waited, self.partial, self.binding
+        )
+
+    def _deps(self, alias: str) -> set[str]:
+        top = self.units[alias]
+        scan = _unit_leaf(top)
+        if not isinstance(scan, Scan):
+            return set()
+        return {c.source for d in scan.dynamic for c in d.from_expr.columns() if c.source} - {alias}
+
+    def _unit_order(self) -> list[str]:
+        order: list[str] = []
+        seen: set[str] = set()
+
+        def visit(a: str, stack: tuple[str, ...]) -> None:
+            if a in seen:
+                return
+            if a in stack:
+                raise QueryError(
+                    self.binding,
+                    f"dynamic filters wait on each other: {' -> '.join((*stack, a))}",
+                    hint="this is an optimizer bug; report the binding",
+                )
+            for d in sorted(self._deps(a)):
+                if d not in self.units:
+                    raise QueryError(
+                        self.binding, f"dynamic filter of {a} needs source {d}, which is not a unit"
+                    )
+                visit(d, (*stack, a))
+            seen.add(a)
+            order.append(a)
+
+        for a in self.units:
+            visit(a, ())
+        return order
+
+    def _depth(self) -> int:
+        memo: dict[str, int] = {}
+
+        def depth(a: str) -> int:
+            if a not in memo:
+                memo[a] = 1 + max((depth(d) for d in self._deps(a)), default=-1)
+            return memo[a]
+
+        return max((depth(a) for a in self.units), default=0)
+
+    def _wait(self, alias: str) -> pa.Table:
+        fut = self.futures[alias]
+        try:
+            return fut.result(timeout=max(0.0, self.deadline - time.monotonic()))
+        except cf.TimeoutError:
+            top = self.units[alias]
+            uri = _unit_leaf(top).uri
+            if self.allow_partial:
+                return self._partial(alias, f"timed out after {self.timeout:g} s")
+            raise QueryError(
+                self.binding,
+                f"timed out after {self.timeout:g} s",
+                alias=alias,
+                uri=uri,
+                hint="check that the server is up and reachable, or raise the scan timeout",
+            ) from None
+
+    def _partial(self, alias: str, why: str) -> pa.Table:
+        self.partial = True
+        self.sources.setdefault(alias, {})["error"] = why
+        return _unit_leaf(self.units[alias]).schema.empty_table()
+
+    # ------------------------------------------------------------ one source unit (in a thread)
+    def _unit(self, alias: str) -> pa.Table:
+        top = self.units[alias]
+        chain: list[Plan] = []
+        node = top
+        while not isinstance(node, Scan | VectorSearch):
+            chain.append(node)
+            node = node.children()[0]
+        leaf = node
+        try:
+            source = self.catalog.source(leaf.uri)
+        except SourceError as e:
+            return self._fail(alias, leaf.uri, e)
+        info, waited = _fresh.check(
+            self.catalog, source, leaf.uri, alias, leaf.freshness, self.binding
+        )
+        with self._lock:
+            self.freshness[alias] = info
+            self.waited += waited
+        t0 = time.perf_counter()
+        try:
+            if isinstance(leaf, Scan):
+                table = self._scan(alias, leaf, source)
+            else:
+                table = self._search(alias, leaf, source)
+        except _SourceFailed as e:
+            return self._fail(alias, leaf.uri, e.cause)
+        self._record(leaf, table.num_rows, t0)
+        for node in reversed(chain):
+            t0 = time.perf_counter()
+            table = self._apply_unary(node, table)
+            self._record(node, table.num_rows, t0)
+        return table
+
+    def _fail(self, alias: str, uri: str, e: Exception) -> pa.Table:
+        if self.allow_partial:
+            return self._partial(alias, str(e))
+        msg = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
+        hint = getattr(e, "hint", None) or "check that the server is up and the source exists"
+        raise QueryError(self.binding, msg, alias=alias, uri=uri, hint=hint) from e
+
+    def _scan(self, alias: str, scan: Scan, source: Any) -> pa.Table:
+        # now() is one instant per query, bound like a session value for every source
+        filters: list[Expr] = [_bind_now(f) for f in (*scan.exact, *scan.inexact)]
+        params = dict(self.params)
+        params[NOW_PARAM] = self.now
+        dyn_stats = []
+        for i, d in enumerate(scan.dynamic):
+            dep = next(iter({c.source for c in d.from_expr.columns() if c.source}))
+            keys_table = self._wait(dep)
+            keys = functions.evaluate(
+                d.from_expr,
+                keys_table,
+                self.params,
+                resolve=lambda c, t=keys_table: resolve(c, t.column_names, {}),
+                now=self.now,
+            )
+            keys = pc.unique(
+                keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+            ).drop_null()
+            pushed = len(keys) <= d.max_keys
+            dyn_stats.append({"filter": str(d), "keys": len(keys), "pushed": pushed})
+            if pushed:
+                if len(keys) == 0:
+                    self._source_stats(alias, scan, 0, 0, 0, 0.0, dyn_stats, skipped=True)
+                    return scan.schema.empty_table()
+                name = f"__dyn_{i}"
+                filters.append(InList(Column(d.column), Param(name)))
+                params[name] = keys.to_pylist()
+        own_latest = bool(scan.latest_by) and "latest_by" not in getattr(source, "capabilities", ())
+        columns = scan.projection
+        if own_latest and columns is not None:
+            columns = (*columns, *(k for k in scan.latest_by if k not in columns))
+        request = ScanRequest(
+            columns=columns,
+            filters=tuple(filters),
+            params=params,
+            limit=scan.limit,
+            order_by=scan.order_by,
+            latest_by=scan.latest_by,
+            timeout=self.timeout,
+        )
+        t0 = time.perf_counter()
+        try:
+            batches = list(source.scan(request))
+        except Exception as e:  # SourceError, or a driver error the connector did not wrap
+            raise _SourceFailed(e) from e
+        ms = (time.perf_counter() - t0) * 1000
+        rows = sum(b.num_rows for b in batches)
+        nbytes = sum(b.nbytes for b in batches)
+        if batches:
+            table = pa.Table.from_batches(batches)
+        else:
+            src_schema = scan.source_schema
+            cols = scan.projection if scan.projection is not None else src_schema.names
+            table = pa.schema([src_schema.field(c) for c in cols]).empty_table()
+        if own_latest:
+            table = latest_per_key(table, scan.latest_by)
+        if scan.projection is not None and table.column_names != list(scan.projection):
+            missing = [c for c in scan.projection if c not in table.column_names]
+            if missing:
+                raise SourceError(scan.uri, f"scan returned no column(s) {', '.join(missing)}")
+            table = table.select(list(scan.projection))
+        table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
+        self._source_stats(alias, scan, rows, nbytes, len(batches), ms, dyn_stats)
+        return table
+
+    def _source_stats(
+        self,
+        alias: str,
+        scan: Scan,
+        rows: int,
+        nbytes: int,
+        batches: int,
+        ms: float,
+        dyn: list,
+        skipped: bool = False,
+    ) -> None:
+        entry = {
+            "uri": scan.uri,
+            "rows": rows,
+            "bytes": nbytes,
+            "batches": batches,
+            "time_ms": round(ms, 3),
+            "estimated_rows": scan.estimated_rows,
+            "exact": [str(f) for f in scan.exact],
+            "inexact": [str(f) for f in scan.inexact],
+            "residual": [str(c) for c in self._residual(alias)],
+            "dynamic": dyn,
+        }
+        if skipped:
+            entry["skipped"] = "no dynamic-filter keys: nothing can join"
+        with self._lock:
+            self.sources[alias] = entry
+
+    def _residual(self, alias: str) -> list[Expr]:
+        out: list[Expr] = []
+        node = self.units[alias]
+        while not isinstance(node, Scan | VectorSearch):
+            if isinstance(node, Filter):
+                out.extend(conjuncts(node.predicate))
+            node = node.children()[0]
+        return out
+
+    def _search(self, alias: str, vs: VectorSearch, source: Any) -> pa.Table:
+        search = getattr(source, "search", None)
+        if not callable(search):
+            raise QueryError(
+                self.binding,
+                "nearest: needs an indexed dataset source with search()",
+                alias=alias,
+                uri=vs.uri,
+                hint="declare the source under datasets: with a vector index",
+            )
+        value = self._constant(vs.query)
+        query = np.asarray(value, dtype=np.float32)
+        t0 = time.perf_counter()
+        try:
+            table, info = search(
+                column=vs.column,
+                query=query,
+                k=vs.k,
+                filters=tuple(unqualify(f) for f in vs.filters),
+                params=self.params,
+                columns=vs.projection,
+                analyze=self.analyze,
+            )
+        except Exception as e:
+            raise _SourceFailed(e) from e
+        ms = (time.perf_counter() - t0) * 1000
+        table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
+        with self._lock:
+            self.infos[alias] = str(info)
+            self.sources[alias] = {
+                "uri": vs.uri,
+                "rows": table.num_rows,
+                "bytes": table.nbytes,
+                "batches": 1,
+                "time_ms": round(ms, 3),
+                "estimated_rows": vs.k,
+                "filters": [str(f) for f in vs.filters],
+                "residual": [str(c) for c in self._residual(alias)],
+                "search": str(info),
+            }
+        return table
+
+    def _constant(self, e: Expr) -> Any:
+        from connectors.arrow_expr import eval_constant
+
+        if isinstance(e, Param) and e.name not in self.params:
+            raise QueryError(
+                self.binding,
+                f"session value {e.name!r} is not bound",
+                hint=f"pass session={{'{e.name}': ...}}",
+            )
+        return eval_constant(e, self.params, self.now)
+
+    # ------------------------------------------------------------ above the units (main thread)
+    def _eval(self, node: Plan) -> pa.Table:
+        alias = self.unit_top.get(id(node))
+        if alias is not None:
+            return self._wait(alias)
+        if _needs_sql(node):
+            return self._sql(node)
+        t0 = time.perf_counter()
+        if isinstance(node, Derive | Filter | Project | Sort | Limit):
+            table = self._apply_unary(node, self._eval(node.input))
+        elif isinstance(node, UserFunction):
+            table = self._user_function(node, self._eval(node.input))
+        elif isinstance(node, EncryptedScore):
+            table = self._encrypted(node, self._eval(node.input))
+        else:
+            raise QueryError(self.binding, f"cannot execute plan node {type(node).__name__}")
+        self._record(node, table.num_rows, t0)
+        return table
+
+    def _resolver(self, node: Plan, table: pa.Table) -> Any:
+        exprmap = _exprmap(node)
+        names = table.column_names
+
+        def res(c: Column) -> str:
+            try:
+                return resolve(c, names, exprmap)
+            except UnresolvedColumn as e:
+                raise QueryError(self.binding, str(e)) from None
+
+        return res
+
+    def _apply_unary(self, node: Plan, table: pa.Table) -> pa.Table:
+        """Filter / Derive / Project / Sort / Limit in pyarrow (DuckDB when pyarrow cannot)."""
+        child = node.children()[0]
+        res = self._resolver(child, table)
+        exprmap = _exprmap(child)
+        try:
+            if isinstance(node, Filter):
+                return functions.filter_table(
+                    table,
+                    substitute(node.predicate, exprmap),
+                    self.params,
+                    resolve=res,
+                    now=self.now,
+                )
+            if isinstance(node, Derive):
+                for name, e, typ in node.items:
+                    col = self._values(e, table, res, exprmap)
+                    table = table.append_column(pa.field(name, typ), _cast(col, typ))
+                return table
+            if isinstance(node, Project):
+                cols = [_cast(self._values(e, table, res, exprmap), t) for _, e, t in node.items]
+                return pa.table(
+                    cols,
+                    schema=pa.schema(
+                        [pa.field(n, c.type) for (n, _, _), c in zip(node.items, cols)]
+                    ),
+                )
+            if isinstance(node, Sort):
+                keyed = table
+                sort_keys = []
+                for i, k in enumerate(node.keys):
+                    keyed = keyed.append_column(
+                        f"__k{i}", self._values(k.expr, table, res, exprmap)
+                    )
+                    nulls = "at_start" if k.nulls_first else "at_end"
+                    sort_keys.append(
+                        (f"__k{i}", "descending" if k.descending else "ascending", nulls)
+                    )
+                idx = pc.sort_indices(keyed, sort_keys=sort_keys)
+                return table.take(idx)
+            if isinstance(node, Limit):
+                return table.slice(node.offset, node.n)
+        except (NotTranslatable, pa.ArrowNotImplementedError) as e:
+            if isinstance(node, Derive):
+                raise QueryError(self.binding, f"cannot compute {node.header()}: {e}") from e
+            return self._sql_over(node, table)
+        raise QueryError(self.binding, f"cannot execute plan node {type(node).__name__}")
+
+    def _values(self, e: Expr, table: pa.Table, res: Any, exprmap: dict[Expr, str]) -> Any:
+        v = functions.evaluate(
+            substitute(e, exprmap), table, self.params, resolve=res, now=self.now
+        )
+        return v
+
+    def _sql_over(self, node: Plan, table: pa.Table) -> pa.Table:
+        """One unary node over an Arrow table, in DuckDB (expressions pyarrow lacks)."""
+        b = SqlBuilder(self.params, self.now)
+        rel = b.table(table)
+        rel.exprmap = _exprmap(node.children()[0])
+        out = self._compile_unary(b, node, rel)
+        return b.run(out.sql)
+
+    # ------------------------------------------------------------ DuckDB regions
+    def _sql(self, node: Plan) -> pa.Table:
+        t0 = time.perf_counter()
+        b = SqlBuilder(self.params, self.now)
+        joins: list[tuple[Plan, Rel]] = []
+        rel = self._compile(b, node, joins)
+        try:
+            table = b.run(rel.sql)
+        except Exception as e:
+            raise QueryError(self.binding, f"join/aggregate step failed in DuckDB: {e}") from e
+        self._record(node, table.num_rows, t0, engine="duckdb")
+        if self.analyze:
+            for j, jrel in joins:
+                if j is node:
+                    continue
+                n = b.run(f"SELECT count(*) AS n FROM ({jrel.sql}) AS c").column("n")[0].as_py()
+                self.node_stats[id(j)] = {
+                    "op": j.header(),
+                    "rows": n,
+                    "engine": "duckdb (counted for analyze)",
+                }
+        return table
+
+    def _compile(self, b: SqlBuilder, node: Plan, joins: list) -> Rel:
+        if not _needs_sql(node) or id(node) in self.unit_top:
+            t0 = time.perf_counter()
+            table = self._eval(node)
+            if id(node) not in self.node_stats:
+                self._record(node, table.num_rows, t0)
+            rel = b.table(table)
+            rel.exprmap = _exprmap(node)
+            return rel
+        if isinstance(node, Join):
+            left = self._compile(b, node.left, joins)
+            right = self._compile(b, node.right, joins)
+            both = Rel("", left.names + right.names, {**left.exprmap, **right.exprmap})
+            on = self._expr_sql(b, node.on, both)
+            kind = "LEFT JOIN" if node.how == "left" else "JOIN"
+            rel = Rel(
+                f"SELECT * FROM ({left.sql}) AS {b.alias()} {kind} ({right.sql}) AS {b.alias()} ON {on}",
+                both.names,
+            )
+            joins.append((node, rel))
+            self.node_stats.setdefault(id(node), {"op": node.header(), "engine": "duckdb"})
+            return rel
+        child = self._compile(b, node.children()[0], joins)
+        self.node_stats.setdefault(id(node), {"op": node.header(), "engine": "duckdb"})
+        return self._compile_unary(b, node, child)
+
+    def _compile_unary(self, b: SqlBuilder, node: Plan, child: Rel) -> Rel:
+        q = b.alias()
+        if isinstance(node, Filter):
+            return Rel(
+                f"SELECT * FROM ({child.sql}) AS {q} WHERE {self._expr_sql(b, node.predicate, child)}",
+                child.names,
+                child.exprmap,
+            )
+        if isinstance(node, Project):
+            items = ", ".join(f"{self._expr_sql(b, e, child)} AS {_q(n)}" for n, e, _ in node.items)
+            return Rel(
+                f"SELECT {items} FROM ({child.sql}) AS {q}",
+                [n for n, _, _ in node.items],
+                _exprmap(node),
+            )
+        if isinstance(node, Aggregate):
+            items = [
+                f"{self._expr_sql(b, e, child)} AS {_q(n)}"
+                for n, e, _ in (*node.group_by, *node.aggregates)
+            ]
+            group = (
+                f" GROUP BY {', '.join(str(i + 1) for i in range(len(node.group_by)))}"
+                if node.group_by
+                else ""
+            )
+            names = [n for n, _, _ in (*node.group_by, *node.aggregates)]
+            return Rel(
+                f"SELECT {', '.join(items)} FROM ({child.sql}) AS {q}{group}", names, _exprmap(node)
+            )
+        if isinstance(node, Sort):
+            return Rel(
+                f"SELECT * FROM ({child.sql}) AS {q} ORDER BY {self._sort_sql(b, node, child)}",
+                child.names,
+                child.exprmap,
+            )
+        if isinstance(node, Limit):
+            # a Sort directly below is folded into this statement so the order is kept
+            src = node.input
+            if (
+                isinstance(src, Sort)
+                and child.sql.startswith("SELECT * FROM (")
+                and " ORDER BY " in child.sql
+            ):
+                return Rel(
+                    f"{child.sql} LIMIT {int(node.n)} OFFSET {int(node.offset)}",
+                    child.names,
+                    child.exprmap,
+                )
+            return Rel(
+                f"SELECT * FROM ({child.sql}) AS {q} LIMIT {int(node.n)} OFFSET {int(node.offset)}",
+                child.names,
+                child.exprmap,
+            )
+        if isinstance(node, Derive):
+            items = ", ".join(f"{self._expr_sql(b, e, child)} AS {_q(n)}" for n, e, _ in node.items)
+            return Rel(
+                f"SELECT *, {items} FROM ({child.sql}) AS {q}",
+                child.names + [n for n, _, _ in node.items],
+                child.exprmap,
+            )
+        raise QueryError(self.binding, f"cannot run {type(node).__name__} in DuckDB")
+
+    def _sort_sql(self, b: SqlBuilder, node: Sort, child: Rel) -> str:
+        try:
+            return b.sort_keys(node.keys, child)
+        except UnresolvedColumn as e:
+            raise QueryError(self.binding, f"sort key: {e}") from None
+
+    def _expr_sql(self, b: SqlBuilder, e: Expr, rel: Rel) -> str:
+        try:
+            return b.expr(e, rel)
+        except UnresolvedColumn as err:
+            raise QueryError(self.binding, str(err)) from None
+        except NotTranslatable as err:
+            raise QueryError(self.binding, str(err)) from None
+        except KeyError as err:
+            raise QueryError(
+                self.binding,
+                str(err).strip('"'),
+                hint="pass every session value the binding declares",
+            ) from None
+
+    # ------------------------------------------------------------ hooks
+    def _user_function(self, node: UserFunction, table: pa.Table) -> pa.Table:
+        factory = getattr(self.catalog, "sandbox", None)
+        if not callable(factory):
+            raise QueryError(
+                self.binding,
+                "pushdown.python needs a sandbox, and this catalog has none",
+                hint="open the fabric with fabric.open(...) so the sandbox pool is configured",
+            )
+        sandbox = factory()
+        missing = [p for p in node.params if p not in self.params]
+        if missing:
+            raise QueryError(
+                self.binding,
+                f"session value(s) {', '.join(missing)} needed by pushdown.python are not bound",
+            )
+        out = sandbox.run(
+            node.code,
+            table,
+            params={p: self.params[p] for p in node.params},
+            limits=node.limits,
+            binding=self.binding,
+            snippet_origin=(node.file, node.line),
+        )
+        return out if isinstance(out, pa.Table) else out.table
+
+    def _encrypted(self, node: EncryptedScore, table: pa.Table) -> pa.Table:
+        hook = getattr(self.catalog, "crypto_score", None)
+        if not callable(hook):
+            raise QueryError(
+                self.binding,
+                "encrypted scoring needs the CKKS public context, and this catalog has none",
+                hint="configure crypto: {public_context: agent.pub} in fabric.yaml",
+            )
+        out = hook(node, table, self.params)
+        if isinstance(out, pa.Table):
+            return out
+        return table.append_column(pa.field(node.name, pa.binary()), pa.array(out, pa.binary()))
+
+    # ------------------------------------------------------------ stats and explain
+    def _record(self, node: Plan, rows: int, t0: float, engine: str = "arrow") -> None:
+        with self._lock:
+            self.node_stats[id(node)] = {
+                "op": node.header(),
+                "rows": rows,
+                "time_ms": (time.perf_counter() - t0) * 1000,
+                "engine": engine,
+            }
+
+    def _explain(self, table: pa.Table, total_ms: float) -> str:
+        scan_alias = {id(_unit_leaf(top)): alias for alias, top in self.units.items()}
+
+        def annotate(node: Plan) -> str | None:
+            s = self.node_stats.get(id(node))
+            parts = []
+            if s is None:
+                return None
+            if s.get("rows") is not None:
+                parts.append(f"rows={s['rows']}")
+            est = getattr(node, "estimated_rows", None)
+            if est is not None:
+                parts.append(f"est={est}")
+            if "time_ms" in s:
+                parts.append(f"time={s['time_ms']:.2f}ms")
+            if s.get("engine") and s["engine"] != "arrow":
+                parts.append(s["engine"])
+            alias = scan_alias.get(id(node))
+            if alias is not None and alias in self.sources:
+                src = self.sources[alias]
+                parts.append(f"fetched={src.get('rows', 0)} rows/{_kib(src.get('bytes', 0))}")
+                if isinstance(node, Scan):
+                    parts.append(
+                        f"pushed exact=[{', '.join(src['exact'])}] inexact=[{', '.join(src['inexact'])}]"
+                    )
+                if src.get("residual"):
+                    parts.append(f"residual=[{', '.join(src['residual'])}]")
+                for d in src.get("dynamic", ()):
+                    parts.append(
+                        f"dynamic {d['filter']}: {d['keys']} keys {'pushed' if d['pushed'] else 'NOT pushed (over max)'}"
+                    )
+                if src.get("skipped"):
+                    parts.append("scan skipped (no keys)")
+                f = self.freshness.get(alias)
+                if f is not None:
+                    parts.append(f"freshness={f['status']}")
+            return " ".join(parts)
+
+        lines = [f"Result: {table.num_rows} rows in {total_ms:.2f} ms (binding {self.binding})"]
+        lines.append(self.plan.explain(annotate=annotate))
+        for alias, info in self.infos.items():
+            lines.append(f"VectorSearch {alias}:")
+            lines.extend("  " + ln for ln in info.splitlines())
+        if self.freshness:
+            lines.append("Freshness:")
+            for alias, f in self.freshness.items():
+                extra = "".join(
+                    f" {k}={f[k]}"
+                    for k in ("lag_messages", "lag_seconds", "watermark")
+                    if f.get(k) is not None
+                )
+                lines.append(f"  {alias} <- {f['uri']}: {f['status']}{extra}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class _SourceFailed(Exception):
+    """A connector call failed; carries the original error to the unit's handler."""
+
+    def __init__(self, cause: Exception):
+        self.cause = cause
+        super().__init__(str(cause))
+
+
+NOW_PARAM = "__now"
+
+
+def _bind_now(e: Expr) -> Expr:
+    """``now()`` -> the ``__now`` parameter, so every source sees the same instant."""
+    return replace_expr(
+        e,
+        lambda n: (
+            Param(NOW_PARAM) if isinstance(n, Call) and n.name == "now" and not n.args else None
+        ),
+    )
+
+
+def _needs_sql(node: Plan) -> bool:
+    if isinstance(node, Join | Aggregate):
+        return True
+    if isinstance(node, Filter | Project | Sort | Limit):
+        return _needs_sql(node.input)
+    return False
+
+
+def _exprmap(node: Plan) -> dict[Expr, str]:
+    """Expressions whose values a node outputs under a name (Project / Aggregate items)."""
+    if isinstance(node, Project):
+        return {e: n for n, e, _ in node.items}
+    if isinstance(node, Aggregate):
+        return {e: n for n, e, _ in (*node.group_by, *node.aggregates)}
+    if isinstance(node, Filter | Sort | Limit):
+        return _exprmap(node.input)
+    return {}
+
+
+def _unit_leaf(node: Plan) -> Any:
+    while not isinstance(node, Scan | VectorSearch):
+        node = node.children()[0]
+    return node
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f}KiB" if n >= 1024 else f"{n}B"
+
+
+def _cast(values: Any, typ: pa.DataType) -> Any:
+    if isinstance(values, pa.ChunkedArray | pa.Array) and values.type != typ:
+        try:
+            return values.cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return values
+    return values
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Give the answer the plan's declared column types where a safe cast exists."""
+    if table.column_names != schema.names:
+        return table
+    cols = [_cast(table.column(i), schema.field(i).type) for i in range(table.num_columns)]
+    return pa.table(cols, names=schema.names)
+
+
+def latest_per_key(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+    """Keep the last row (in arrival order) of each key: ``latest_by`` applied by the fabric
+    for sources that cannot do it themselves."""
+    if table.num_rows == 0:
+        return table
+    idx = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    g = (
+        table.select(list(keys))
+        .append_column("__i", idx)
+        .group_by(list(keys), use_threads=False)
+        .aggregate([("__i", "max")])
+    )
+    return table.take(np.sort(g.column("__i_max").to_numpy()))

@@ -1,0 +1,262 @@
+"""DuckDB SQL generated from the plan, for the part of a plan above the source units.
+
+Every value (session parameters, literals, ``now()``, dynamic key lists) is bound as a
+DuckDB ``$n`` parameter; identifiers are double-quoted; nothing the user typed is
+spliced into the SQL text. Tables are the Arrow results of the source units, registered
+zero-copy on a per-query cursor of one process-wide DuckDB connection (a fresh
+``duckdb.connect()`` costs ~15 ms; a cursor ~5 us).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, match_tokens
+from dsl.ast import (
+    Between,
+    Binary,
+    Call,
+    Column,
+    Expr,
+    InList,
+    IsNull,
+    Like,
+    Literal,
+    Param,
+    SortKey,
+    Star,
+    Unary,
+)
+from fabric.functions import FABRIC_FUNCTIONS, register_duckdb, uses_fabric_functions
+
+_lock = threading.Lock()
+_base: duckdb.DuckDBPyConnection | None = None
+_ids = itertools.count()
+
+_SCALAR = {
+    "lower": "lower",
+    "upper": "upper",
+    "length": "length",
+    "abs": "abs",
+    "coalesce": "coalesce",
+}
+_AGG = {"count": "count", "sum": "sum", "avg": "avg", "min": "min", "max": "max"}
+
+
+class UnresolvedColumn(LookupError):
+    def __init__(self, col: Column, names: list[str]):
+        self.col = col
+        self.names = names
+        super().__init__(f"column {col.qualified} is not among [{', '.join(names)}]")
+
+
+def cursor() -> duckdb.DuckDBPyConnection:
+    """A cursor on the process-wide DuckDB connection (one per query / thread)."""
+    global _base
+    with _lock:
+        if _base is None:
+            _base = duckdb.connect()
+            _base.execute("SET TimeZone = 'UTC'")
+        return _base.cursor()
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def resolve(col: Column, names: list[str], exprmap: Mapping[Expr, str]) -> str:
+    """The table column a plan column denotes: qualified name, an output of a Project or
+    Aggregate below, or an unambiguous bare name."""
+    if col.qualified in names:
+        return col.qualified
+    if col in exprmap:
+        return exprmap[col]
+    if col.name in names:
+        return col.name
+    tail = [n for n in names if n.endswith("." + col.name)]
+    if len(tail) == 1:
+        return tail[0]
+    raise UnresolvedColumn(col, names)
+
+
+def substitute(e: Expr, exprmap: Mapping[Expr, str]) -> Expr:
+    """Top-down: replace sub-expressions computed below (Project/Aggregate outputs) by
+    columns of their output names."""
+    if not exprmap:
+        return e
+    if e in exprmap and not isinstance(e, Column):
+        return Column(exprmap[e], None)
+    changes: dict[str, Any] = {}
+    for f in fields(e):
+        if f.name == "span":
+            continue
+        v = getattr(e, f.name)
+        if isinstance(v, Expr):
+            nv = substitute(v, exprmap)
+            if nv is not v:
+                changes[f.name] = nv
+        elif isinstance(v, tuple) and any(isinstance(x, Expr) for x in v):
+            nt = tuple(substitute(x, exprmap) if isinstance(x, Expr) else x for x in v)
+            if any(a is not b for a, b in zip(nt, v)):
+                changes[f.name] = nt
+    if not changes:
+        return e
+    import dataclasses
+
+    return dataclasses.replace(e, **changes)
+
+
+@dataclass
+class Rel:
+    """A SQL relation: its text, column names, and expressions computed by it."""
+
+    sql: str
+    names: list[str]
+    exprmap: dict[Expr, str] = field(default_factory=dict)
+
+
+class SqlBuilder:
+    """Builds one DuckDB query; collects bound values and registered Arrow tables."""
+
+    def __init__(self, params: Mapping[str, Any], now: dt.datetime):
+        self.params = params
+        self.now = now
+        self.values: list[Any] = []
+        self.tables: dict[str, pa.Table] = {}
+        self.functions: set[str] = set()
+        self._q = itertools.count()
+
+    def bind(self, v: Any) -> str:
+        if isinstance(v, dt.datetime) and v.tzinfo is None:
+            v = v.replace(tzinfo=dt.UTC)
+        self.values.append(v)
+        return f"${len(self.values)}"
+
+    def table(self, t: pa.Table) -> Rel:
+        name = f"__fabric_t{next(_ids)}"
+        self.tables[name] = t
+        return Rel(f"SELECT * FROM {quote(name)}", list(t.column_names))
+
+    def alias(self) -> str:
+        return f"q{next(self._q)}"
+
+    # ------------------------------------------------------------ expressions
+    def expr(self, e: Expr, rel: Rel) -> str:
+        if e in rel.exprmap and not isinstance(e, Column):
+            return quote(rel.exprmap[e])
+        if isinstance(e, Column):
+            return quote(resolve(e, rel.names, rel.exprmap))
+        if isinstance(e, Star):
+            return "*"
+        if isinstance(e, Literal):
+            if e.value is None or e.type == "null":
+                return "NULL"
+            if e.type == "bool":
+                return "TRUE" if e.value else "FALSE"
+            if e.type == "interval" and isinstance(e.value, str):
+                return f"CAST({self.bind(e.value)} AS INTERVAL)"
+            return self.bind(e.value)
+        if isinstance(e, Param):
+            if e.name not in self.params:
+                raise KeyError(f"session value {e.name!r} is not bound")
+            return self.bind(_plain(self.params[e.name]))
+        if is_constant(e) and not uses_fabric_functions(e) and not isinstance(e, Call | InList):
+            try:
+                return self.bind(eval_constant(e, self.params, self.now))
+            except (NotTranslatable, TypeError):
+                pass
+        if isinstance(e, Binary):
+            op = {"!=": "<>", "and": "AND", "or": "OR"}.get(e.op, e.op)
+            return f"({self.expr(e.left, rel)} {op} {self.expr(e.right, rel)})"
+        if isinstance(e, Unary):
+            return (
+                f"(NOT {self.expr(e.operand, rel)})"
+                if e.op == "not"
+                else f"(-{self.expr(e.operand, rel)})"
+            )
+        if isinstance(e, InList):
+            neg = "NOT IN" if e.negated else "IN"
+            if isinstance(e.items, Param):
+                return (
+                    f"({self.expr(e.expr, rel)} {neg} (SELECT unnest({self.expr(e.items, rel)})))"
+                )
+            items = ", ".join(self.expr(i, rel) for i in e.items) or "NULL"
+            return f"({self.expr(e.expr, rel)} {neg} ({items}))"
+        if isinstance(e, Between):
+            neg = "NOT BETWEEN" if e.negated else "BETWEEN"
+            return f"({self.expr(e.expr, rel)} {neg} {self.expr(e.low, rel)} AND {self.expr(e.high, rel)})"
+        if isinstance(e, Like):
+            kw = ("NOT " if e.negated else "") + ("ILIKE" if e.case_insensitive else "LIKE")
+            return f"({self.expr(e.expr, rel)} {kw} {self.expr(e.pattern, rel)})"
+        if isinstance(e, IsNull):
+            return f"({self.expr(e.expr, rel)} IS {'NOT ' if e.negated else ''}NULL)"
+        if isinstance(e, Call):
+            return self.call(e, rel)
+        raise NotTranslatable(f"cannot run {e} in DuckDB")
+
+    def call(self, e: Call, rel: Rel) -> str:
+        name, args = e.name, e.args
+        if name == "now" and not args:
+            return self.bind(self.now)
+        if name == "count" and (not args or isinstance(args[0], Star)):
+            return "count(*)"
+        if name == "count_distinct":
+            return f"count(DISTINCT {self.expr(args[0], rel)})"
+        if name in _AGG:
+            inner = ", ".join(self.expr(a, rel) for a in args)
+            return f"{_AGG[name]}({'DISTINCT ' if e.distinct else ''}{inner})"
+        if name in _SCALAR:
+            return f"{_SCALAR[name]}({', '.join(self.expr(a, rel) for a in args)})"
+        if name == "match" and len(args) == 2 and is_constant(args[1]):
+            tokens = match_tokens(str(eval_constant(args[1], self.params, self.now)))
+            if not tokens:
+                return "FALSE"
+            target = self.expr(args[0], rel)
+            patterns = [r"(?i)(^|\W)" + re.escape(t) + r"($|\W)" for t in tokens]
+            parts = [f"regexp_matches({target}, {self.bind(p)})" for p in patterns]
+            return "(" + " AND ".join(parts) + ")"
+        if name in FABRIC_FUNCTIONS:
+            self.functions.add(name)
+            if name == "geo_hash":
+                a, b, p = (self.expr(x, rel) for x in args)
+                return f"geo_hash(CAST({a} AS DOUBLE), CAST({b} AS DOUBLE), CAST({p} AS BIGINT))"
+        raise NotTranslatable(f"function {name}() is not available in joins and aggregates")
+
+    def sort_keys(self, keys: tuple[SortKey, ...], rel: Rel) -> str:
+        out = []
+        for k in keys:
+            s = f"{self.expr(k.expr, rel)} {'DESC' if k.descending else 'ASC'}"
+            if k.nulls_first is not None:
+                s += " NULLS FIRST" if k.nulls_first else " NULLS LAST"
+            out.append(s)
+        return ", ".join(out)
+
+    # ------------------------------------------------------------ running
+    def run(self, sql: str) -> pa.Table:
+        cur = cursor()
+        try:
+            for name, t in self.tables.items():
+                cur.register(name, t)
+            if self.functions:
+                register_duckdb(cur, self.functions)
+            return cur.sql(sql, params=self.values or None).to_arrow_table()
+        finally:
+            cur.close()
+
+
+def _plain(v: Any) -> Any:
+    """Session values as DuckDB parameters: numpy arrays and tuples become lists."""
+    if hasattr(v, "tolist") and not isinstance(v, str | bytes):
+        return v.tolist()
+    if isinstance(v, tuple | set | frozenset):
+        return list(v)
+    return v

@@ -1,0 +1,79 @@
+"""Helpers shared by the optimizer rules: source lookup, aliases, source units."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from connectors.base import Pushdown, Source
+from dsl.ast import Expr
+from fabric.plan.nodes import Derive, Filter, Plan, Scan, VectorSearch
+
+
+def source_of(catalog: Any, uri: str) -> Source | None:
+    """The planning view of ``uri``, or None when no catalog is given."""
+    if catalog is None:
+        return None
+    return catalog.source(uri)
+
+
+def ask_filter(catalog: Any, uri: str, expr: Expr) -> Pushdown:
+    """The source's answer for one unqualified conjunct (UNSUPPORTED when unknown)."""
+    src = source_of(catalog, uri)
+    if src is None:
+        return Pushdown.UNSUPPORTED
+    try:
+        answer = src.supports_filter(expr)
+    except Exception:  # a planning view that cannot judge a filter does not get it
+        return Pushdown.UNSUPPORTED
+    return answer if isinstance(answer, Pushdown) else Pushdown.UNSUPPORTED
+
+
+def capabilities(catalog: Any, uri: str) -> frozenset[str]:
+    src = source_of(catalog, uri)
+    return frozenset(getattr(src, "capabilities", ())) if src is not None else frozenset()
+
+
+def aliases(plan: Plan) -> set[str]:
+    """Source aliases read below ``plan``."""
+    return {p.alias for p in plan.walk() if isinstance(p, Scan | VectorSearch)}
+
+
+def derived_names(plan: Plan) -> set[str]:
+    """Qualified names of the columns computed by Derive nodes below ``plan``."""
+    return {n for p in plan.walk() if isinstance(p, Derive) for n, _, _ in p.items}
+
+
+def units(plan: Plan) -> dict[str, Plan]:
+    """alias -> the top of its *source unit*: the Scan plus the Filter/Derive chain
+    directly above it (what the executor computes per source, in parallel)."""
+    out: dict[str, Plan] = {}
+
+    def visit(node: Plan, parent_unit: Plan | None) -> Plan | None:
+        # returns the unit top if ``node`` is inside a single-scan chain
+        if isinstance(node, Scan | VectorSearch):
+            return node
+        if isinstance(node, Filter | Derive):
+            below = visit(node.input, None)
+            return node if below is not None else None
+        for c in node.children():
+            top = visit(c, None)
+            if top is not None:
+                out[_alias_of_chain(top)] = top
+        return None
+
+    top = visit(plan, None)
+    if top is not None:
+        out[_alias_of_chain(top)] = top
+    return out
+
+
+def _alias_of_chain(node: Plan) -> str:
+    while not isinstance(node, Scan | VectorSearch):
+        node = node.children()[0]
+    return node.alias
+
+
+def unit_scan(unit: Plan) -> Scan | VectorSearch:
+    while not isinstance(unit, Scan | VectorSearch):
+        unit = unit.children()[0]
+    return unit

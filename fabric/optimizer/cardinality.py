@@ -1,0 +1,277 @@
+"""Row estimates from source statistics (used by join_order and dynamic_filters).
+
+Rules of thumb in the style of DataFusion's and PostgreSQL's defaults when statistics
+are missing: an equality keeps ``1 / distinct_count`` of the rows (or ``EQ_SELECTIVITY`` for a
+session value, ``EQ_LITERAL_SELECTIVITY`` for a literal),
+a range keeps the fraction of ``[min, max]`` it covers (or ``RANGE_SELECTIVITY``),
+``latest_by`` keeps one row per key (one row when every key is pinned by an equality),
+an unknown row count counts as ``UNKNOWN_ROWS``. An equi-join returns
+``|L| * |R| / max(ndv(a), ndv(b))`` rows, with an unknown ndv taken as the larger side
+(a key / foreign-key join).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from connectors.arrow_expr import is_constant
+from connectors.base import Statistics
+from dsl.ast import (
+    Between,
+    Binary,
+    Column,
+    Expr,
+    InList,
+    IsNull,
+    Like,
+    Literal,
+    Param,
+    Unary,
+    conjuncts,
+)
+from fabric.optimizer._util import source_of, units
+from fabric.plan.nodes import (
+    Aggregate,
+    Derive,
+    EncryptedScore,
+    Filter,
+    Join,
+    Limit,
+    Plan,
+    Project,
+    Scan,
+    Sort,
+    UserFunction,
+    VectorSearch,
+)
+
+UNKNOWN_ROWS = 1_000_000
+EQ_SELECTIVITY = 0.001  # column = session value: usually a key (user_id = {{session.user_id}})
+EQ_LITERAL_SELECTIVITY = 0.1  # column = literal: usually a category (status = 'active')
+RANGE_SELECTIVITY = 0.3
+DEFAULT_SELECTIVITY = 0.5
+IN_PARAM_ITEMS = 10  # assumed length of a session list in ``x in {{session.xs}}``
+
+
+class Estimator:
+    """Estimated rows of plan nodes; statistics are fetched once per source."""
+
+    def __init__(self, plan: Plan, catalog: Any):
+        self.catalog = catalog
+        self.units = units(plan)
+        self._stats: dict[str, Statistics] = {}
+
+    # ------------------------------------------------------------ statistics
+    def stats(self, uri: str) -> Statistics:
+        if uri not in self._stats:
+            src = source_of(self.catalog, uri)
+            try:
+                self._stats[uri] = src.statistics() if src is not None else Statistics()
+            except Exception:  # statistics are advisory; a failing source plans with defaults
+                self._stats[uri] = Statistics()
+        return self._stats[uri]
+
+    def ndv(self, col: Column) -> int | None:
+        """Distinct values of a base column, when a source can tell."""
+        unit = self.units.get(col.source or "")
+        if unit is None:
+            return None
+        scan = _scan_of(unit)
+        if not isinstance(scan, Scan):
+            return None
+        cs = self.stats(scan.uri).columns.get(col.name)
+        if cs is not None and cs.distinct_count:
+            return int(cs.distinct_count)
+        if scan.latest_by == (col.name,):
+            return self.rows(unit, dynamic=False)
+        return None
+
+    # ------------------------------------------------------------ estimates
+    def rows(self, node: Plan, *, dynamic: bool = True) -> int:
+        return max(1, int(self._rows(node, dynamic)))
+
+    def _rows(self, node: Plan, dynamic: bool) -> float:
+        if isinstance(node, Scan):
+            return self.scan_rows(node, dynamic=dynamic)
+        if isinstance(node, VectorSearch):
+            return node.k
+        if isinstance(node, Filter):
+            below = self._rows(node.input, dynamic)
+            scan = node.input if isinstance(node.input, Scan) else None
+            sel = 1.0
+            for c in conjuncts(node.predicate):
+                if scan is not None and _unq(c) in scan.inexact:
+                    continue  # already counted in the scan
+                sel *= self.selectivity(c, scan)
+            return below * sel
+        if isinstance(node, Join):
+            return self.join_rows(
+                node, self._rows(node.left, dynamic), self._rows(node.right, dynamic)
+            )
+        if isinstance(node, Aggregate):
+            below = self._rows(node.input, dynamic)
+            if not node.group_by:
+                return 1
+            prod = 1.0
+            for _, e, _ in node.group_by:
+                d = self.ndv(e) if isinstance(e, Column) else None
+                if d is None:
+                    return max(1.0, below / 10)
+                prod *= d
+            return min(below, prod)
+        if isinstance(node, Limit):
+            return min(node.n, self._rows(node.input, dynamic))
+        if isinstance(node, Derive | Project | Sort | UserFunction | EncryptedScore):
+            return self._rows(node.children()[0], dynamic)
+        return UNKNOWN_ROWS
+
+    def scan_rows(self, scan: Scan, *, dynamic: bool = True) -> float:
+        st = self.stats(scan.uri)
+        rows = float(st.row_count if st.row_count is not None else UNKNOWN_ROWS)
+        filters = (*scan.exact, *scan.inexact)
+        for f in filters:
+            rows *= self.selectivity(f, scan, qualified=False)
+        if scan.latest_by:
+            pinned = {
+                _eq_column(c) for f in filters for c in conjuncts(f) if _eq_column(c) is not None
+            }
+            if set(scan.latest_by) <= pinned:
+                rows = min(rows, 1.0)
+            elif len(scan.latest_by) == 1:
+                cs = st.columns.get(scan.latest_by[0])
+                if cs is not None and cs.distinct_count:
+                    rows = min(rows, float(cs.distinct_count))
+        if dynamic:
+            for d in scan.dynamic:
+                keys = self.keys_estimate(d.from_expr)
+                cs = st.columns.get(d.column)
+                per_key = (
+                    (st.row_count or UNKNOWN_ROWS) / cs.distinct_count
+                    if cs and cs.distinct_count
+                    else 1.0
+                )
+                rows = min(rows, keys * per_key)
+        if scan.limit is not None:
+            rows = min(rows, scan.limit)
+        return max(rows, 1.0)
+
+    def keys_estimate(self, from_expr: Expr) -> float:
+        """Rows of the source unit that provides a dynamic filter's keys."""
+        srcs = {c.source for c in from_expr.columns()}
+        if len(srcs) != 1:
+            return UNKNOWN_ROWS
+        unit = self.units.get(next(iter(srcs)) or "")
+        return self._rows(unit, True) if unit is not None else UNKNOWN_ROWS
+
+    def join_rows(self, join: Join, left: float, right: float) -> float:
+        best = left * right
+        for c in conjuncts(join.on):
+            if (
+                isinstance(c, Binary)
+                and c.op == "="
+                and isinstance(c.left, Column)
+                and isinstance(c.right, Column)
+            ):
+                da = self.ndv(c.left) or max(left, right)
+                db = self.ndv(c.right) or max(left, right)
+                best = min(best, left * right / max(da, db, 1))
+        if join.how == "left":
+            best = max(best, left)
+        return best
+
+    # ------------------------------------------------------------ selectivity
+    def selectivity(self, e: Expr, scan: Scan | None, *, qualified: bool = True) -> float:
+        st = self.stats(scan.uri) if scan is not None else Statistics()
+        rows = st.row_count
+
+        def col_stats(x: Expr) -> Any:
+            if isinstance(x, Column) and scan is not None:
+                return st.columns.get(x.name)
+            return None
+
+        if isinstance(e, Binary) and e.op == "and":
+            return self.selectivity(e.left, scan, qualified=qualified) * self.selectivity(
+                e.right, scan, qualified=qualified
+            )
+        if isinstance(e, Binary) and e.op == "or":
+            a = self.selectivity(e.left, scan, qualified=qualified)
+            b = self.selectivity(e.right, scan, qualified=qualified)
+            return min(1.0, a + b - a * b)
+        if isinstance(e, Unary) and e.op == "not":
+            return 1.0 - self.selectivity(e.operand, scan, qualified=qualified)
+        if isinstance(e, Binary) and e.op in ("=", "!=", "<", "<=", ">", ">="):
+            col, const, op = _column_vs_constant(e)
+            if col is None:
+                return DEFAULT_SELECTIVITY if e.op != "=" else EQ_SELECTIVITY
+            cs = col_stats(col)
+            if op in ("=", "!="):
+                default = EQ_LITERAL_SELECTIVITY if isinstance(const, Literal) else EQ_SELECTIVITY
+                eq = 1.0 / cs.distinct_count if cs is not None and cs.distinct_count else default
+                return eq if op == "=" else 1.0 - eq
+            return _range_fraction(cs, const, op)
+        if isinstance(e, InList):
+            cs = col_stats(e.expr)
+            eq = 1.0 / cs.distinct_count if cs is not None and cs.distinct_count else EQ_SELECTIVITY
+            n = IN_PARAM_ITEMS if isinstance(e.items, Param) else len(e.items)
+            s = min(1.0, n * eq)
+            return 1.0 - s if e.negated else s
+        if isinstance(e, Between):
+            return RANGE_SELECTIVITY / 2
+        if isinstance(e, IsNull):
+            cs = col_stats(e.expr)
+            s = (
+                cs.null_count / rows
+                if cs is not None and cs.null_count is not None and rows
+                else 0.05
+            )
+            return 1.0 - s if e.negated else s
+        if isinstance(e, Like):
+            return 0.1
+        return DEFAULT_SELECTIVITY
+
+
+def _scan_of(unit: Plan) -> Plan:
+    while not isinstance(unit, Scan | VectorSearch):
+        unit = unit.children()[0]
+    return unit
+
+
+def _unq(e: Expr) -> Expr:
+    from dsl.ast import unqualify
+
+    return unqualify(e)
+
+
+def _eq_column(e: Expr) -> str | None:
+    col, _, op = _column_vs_constant(e) if isinstance(e, Binary) else (None, None, None)
+    return col.name if col is not None and op == "=" else None
+
+
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "=", "!=": "!="}
+
+
+def _column_vs_constant(e: Binary) -> tuple[Column | None, Expr | None, str]:
+    if isinstance(e.left, Column) and is_constant(e.right):
+        return e.left, e.right, e.op
+    if isinstance(e.right, Column) and is_constant(e.left):
+        return e.right, e.left, _FLIP[e.op]
+    return None, None, e.op
+
+
+def _range_fraction(cs: Any, const: Expr | None, op: str) -> float:
+    if cs is None or not isinstance(const, Literal) or cs.min is None or cs.max is None:
+        return RANGE_SELECTIVITY
+    lo, hi, v = cs.min, cs.max, const.value
+    try:
+        if isinstance(lo, dt.datetime):
+            lo, hi = lo.timestamp(), hi.timestamp()
+            v = v.timestamp() if isinstance(v, dt.datetime) else float(v)
+        lo, hi, v = float(lo), float(hi), float(v)
+    except (TypeError, ValueError, AttributeError):
+        return RANGE_SELECTIVITY
+    if hi <= lo:
+        return RANGE_SELECTIVITY
+    frac = (v - lo) / (hi - lo)
+    frac = 1.0 - frac if op in (">", ">=") else frac
+    return min(1.0, max(frac, 1.0 / max(1.0, hi - lo + 1)))

@@ -1,0 +1,156 @@
+"""Push the join keys of a small side into the big side's scan, at run time.
+
+For an equi-join ``a = b`` where the side providing ``a`` is estimated small (at most
+``SMALL_SIDE`` rows: an equality on a session value or key, ``latest_by`` per key, or a
+small table) and the other side is at least ``MIN_RATIO`` times bigger, the Scan that
+reads ``b`` gets ``DynamicFilter(b, a, max_keys)``: the executor scans the small side
+first, collects the distinct values of ``a`` and sends them to the big source as a
+bound ``b in (...)`` list, if there are at most ``max_keys`` of them (otherwise the push
+is skipped and the join alone filters). The big source must support an ``in`` filter on
+``b`` (EXACT or INEXACT: the join re-checks every key either way).
+
+``a`` must come from a single source; its keys are read from that source's unit (scan +
+filters + derived columns), which runs first. Only the inner side of a left join may be
+filtered. A filter that would make two sources wait on each other is not added.
+
+    Join: inner on m.geo_hash = loc.cell
+      Derive: loc.cell = geo_hash(loc.lat, loc.lon, 6)
+        Scan: loc <- kafka://bus/location_stream latest_by=[user_id] exact=[user_id = {{session.user_id}}]
+      Scan: m <- mysql://shop/merchants dynamic=[geo_hash in keys(loc.cell) max=10000]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from connectors.base import Pushdown
+from dsl.ast import Binary, Column, Expr, InList, Param, conjuncts, sources_of
+from fabric.optimizer._util import aliases, ask_filter, derived_names
+from fabric.optimizer.cardinality import Estimator
+from fabric.plan.nodes import Derive, DynamicFilter, Filter, Join, Plan, Scan, Sort
+
+SMALL_SIDE = 10_000
+MIN_RATIO = 2.0
+MAX_KEYS = 10_000
+
+
+def dynamic_filters(plan: Plan, catalog: Any) -> Plan:
+    """Add DynamicFilters from small join sides into big sides' scans (see module docstring)."""
+    while True:
+        est = Estimator(plan, catalog)
+        added = _first_candidate(plan, plan, est, catalog)
+        if added is None:
+            return plan
+        plan = added
+
+
+def _first_candidate(root: Plan, node: Plan, est: Estimator, catalog: Any) -> Plan | None:
+    """Add one dynamic filter (innermost joins first) and return the new plan, or None."""
+    for c in node.children():
+        out = _first_candidate(root, c, est, catalog)
+        if out is not None:
+            return out
+    if not isinstance(node, Join):
+        return None
+    for c in conjuncts(node.on):
+        if not (isinstance(c, Binary) and c.op == "="):
+            continue
+        for small_expr, key in ((c.left, c.right), (c.right, c.left)):
+            for small, big, big_is_right in (
+                (node.left, node.right, True),
+                (node.right, node.left, False),
+            ):
+                if not big_is_right and node.how != "inner":
+                    continue
+                if not (sources_of(small_expr) and sources_of(small_expr) <= aliases(small)):
+                    continue
+                if not (isinstance(key, Column) and key.source in aliases(big)):
+                    continue
+                out = _try(root, node, small, big, small_expr, key, est, catalog)
+                if out is not None:
+                    return out
+    return None
+
+
+def _try(
+    root: Plan,
+    join: Join,
+    small: Plan,
+    big: Plan,
+    from_expr: Expr,
+    key: Column,
+    est: Estimator,
+    catalog: Any,
+) -> Plan | None:
+    if len(sources_of(from_expr)) != 1:
+        return None
+    from_alias = next(iter(sources_of(from_expr)))
+    scan = _target_scan(big, key)
+    if scan is None or key.name not in scan.source_schema.names:
+        return None
+    if any(d.column == key.name and d.from_expr == from_expr for d in scan.dynamic):
+        return None
+    keys = est.keys_estimate(from_expr)
+    small_rows = keys  # the keys come from the source unit of from_expr
+    big_rows = est.rows(big, dynamic=False)
+    if small_rows > SMALL_SIDE or big_rows < MIN_RATIO * small_rows:
+        return None
+    if _depends_on(root, from_alias, scan.alias):
+        return None
+    probe = InList(Column(key.name), Param("__dyn_probe"))
+    if ask_filter(catalog, scan.uri, probe) not in (Pushdown.EXACT, Pushdown.INEXACT):
+        return None
+    new_scan = dataclasses.replace(
+        scan, dynamic=(*scan.dynamic, DynamicFilter(key.name, from_expr, MAX_KEYS))
+    )
+    return _replace_node(root, scan, new_scan)
+
+
+def _target_scan(big: Plan, key: Column) -> Scan | None:
+    """The Scan of ``key.source`` reachable without crossing a row-changing operator,
+    with ``key`` a base column of it (not a derived one)."""
+    if key.qualified in derived_names(big):
+        return None
+    node: Plan = big
+    while True:
+        if isinstance(node, Scan):
+            return node if node.alias == key.source else None
+        if isinstance(node, Filter | Derive | Sort):
+            node = node.input
+        elif isinstance(node, Join):
+            if key.source in aliases(node.left):
+                node = node.left
+            elif node.how == "inner":
+                node = node.right
+            else:
+                return None
+        else:
+            return None
+
+
+def _depends_on(root: Plan, alias: str, target: str) -> bool:
+    """Whether the scan of ``alias`` waits (transitively) on ``target``'s keys."""
+    deps: dict[str, set[str]] = {}
+    for s in root.scans():
+        deps[s.alias] = {src for d in s.dynamic for src in sources_of(d.from_expr)}
+    seen, todo = set(), [alias]
+    while todo:
+        a = todo.pop()
+        if a == target:
+            return True
+        if a in seen:
+            continue
+        seen.add(a)
+        todo.extend(deps.get(a, ()))
+    return False
+
+
+def _replace_node(node: Plan, old: Plan, new: Plan) -> Plan:
+    if node is old:
+        return new
+    children = node.children()
+    if not children:
+        return node
+    out = tuple(_replace_node(c, old, new) for c in children)
+    return node if all(a is b for a, b in zip(out, children)) else node.with_children(*out)
