@@ -1,0 +1,210 @@
+"""Unit costs of the retrieval strategies, calibrated on this machine.
+
+All figures are milliseconds or nanoseconds measured by ``calibrate()``; defaults come
+from ``/work/shared/PERF_FACTS.md`` (2-core machine, 128-d). The model:
+
+- HNSW search: ``hnsw_base_ms + hnsw_per_ef_ms * ef`` (per dataset column when measured on
+  its own graph; otherwise scaled by dimension);
+- exact distances: ``contig_ns_per_dim * dim`` per row over a contiguous row-id range,
+  ``gather_ns_per_dim * dim`` per row gathered by index;
+- candidate sets: ``bitmap_ns_per_row`` to turn a B-tree range into a roaring bitmap,
+  ``test_ns_per_row`` to test a value by row id, ``residual_ns_per_row`` for pyarrow;
+- in-search filter: ``callback_ns`` per node hnswlib visits, ``visits_per_ef * ef`` nodes
+  visited by an unfiltered search (a filtered one visits about that divided by the
+  selectivity, since it walks until it has ``ef`` matches).
+
+Stored as JSON (``<dataset dir>/costs.json`` or ``~/.cache/fabric/retrieval_costs.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DEFAULT_PATH = os.path.join(os.path.expanduser("~"), ".cache", "fabric", "retrieval_costs.json")
+
+
+@dataclass
+class CostModel:
+    hnsw_base_ms: float = 0.045
+    hnsw_per_ef_ms: float = 0.0013
+    hnsw_dim: int = 128  # dimension the two hnsw figures were measured at
+    contig_ns_per_dim: float = 24.0 / 128
+    gather_ns_per_dim: float = 90.0 / 128
+    topk_ns_per_row: float = 4.0
+    bitmap_ns_per_row: float = 12.0
+    test_ns_per_row: float = 25.0
+    residual_ns_per_row: float = 250.0
+    callback_ns: float = 900.0
+    visits_per_ef: float = 12.0
+    overhead_ms: float = 0.015
+    calibrated_at: float | None = None
+    columns: dict[str, list[float]] = field(default_factory=dict)  # column -> [base_ms, per_ef_ms]
+
+    # ---------------------------------------------------------------- unit costs
+    def hnsw_ms(self, ef: int, dim: int, column: str | None = None) -> float:
+        if column in self.columns:
+            base, per = self.columns[column]
+            return base + per * ef
+        scale = dim / self.hnsw_dim
+        return (self.hnsw_base_ms + self.hnsw_per_ef_ms * ef) * scale
+
+    def exact_ms(self, rows: int, dim: int, contiguous: bool) -> float:
+        per = self.contig_ns_per_dim if contiguous else self.gather_ns_per_dim
+        return rows * (per * dim + self.topk_ns_per_row) * 1e-6
+
+    # ---------------------------------------------------------------- storage
+    def save(self, path: str = DEFAULT_PATH) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(dataclasses.asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str = DEFAULT_PATH) -> CostModel:
+        with open(path) as f:
+            data = json.load(f)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def default(cls) -> CostModel:
+        """The calibrated model in ~/.cache/fabric if there is one, else the built-in figures."""
+        if os.path.exists(DEFAULT_PATH):
+            try:
+                return cls.load(DEFAULT_PATH)
+            except (OSError, ValueError, TypeError):
+                pass
+        return cls()
+
+
+def _best(fn: Any, reps: int) -> float:
+    """Low-quantile seconds of fn() over reps runs (robust to a busy, shared machine)."""
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.min(ts))
+
+
+def calibrate(
+    ds: Any = None, *, dim: int = 128, rows: int = 50_000, save_to: str | None = None, seed: int = 0
+) -> CostModel:
+    """Measure the unit costs here. With a dataset, also time its own HNSW graphs at
+    ef 16/64/256 and count the nodes a search visits. Saves to ``save_to`` (default: the
+    dataset directory if it has one, else ~/.cache/fabric)."""
+    from pyroaring import BitMap
+
+    from indexes.btree import array_of, bitmap_of
+
+    rng = np.random.default_rng(seed)
+    cm = CostModel()
+    x = rng.standard_normal((rows, dim), dtype=np.float32)
+    q = rng.standard_normal(dim, dtype=np.float32)
+    t_contig = _best(lambda: x @ q, 40)
+    idx = np.sort(rng.choice(rows, rows // 4, replace=False))
+    t_gather = _best(lambda: x[idx] @ q, 40)
+    cm.contig_ns_per_dim = t_contig / rows / dim * 1e9
+    cm.gather_ns_per_dim = t_gather / len(idx) / dim * 1e9
+    d = rng.random(rows).astype(np.float32)
+    cm.topk_ns_per_row = _best(lambda: np.argpartition(d, 10)[:10], 15) / rows * 1e9
+    ids = np.arange(0, rows, 2, dtype=np.uint32)
+    cm.bitmap_ns_per_row = _best(lambda: bitmap_of(ids), 15) / len(ids) * 1e9
+    keys = rng.random(rows)
+    sub = idx.astype(np.int64)
+    cm.test_ns_per_row = (
+        _best(lambda: bitmap_of(idx[(keys[sub] > 0.3) & (keys[sub] < 0.6)]), 15) / len(idx) * 1e9
+    )
+    bm = BitMap(ids.tolist())
+    contains = bm.__contains__
+    calls = [0]
+
+    def cb(label: int) -> bool:
+        calls[0] += 1
+        return contains(label)
+
+    cm.callback_ns = (
+        4 * _best(lambda: [cb(i) for i in range(10_000)], 5) / 10_000 * 1e9
+    )  # x4: pybind11
+    _ = array_of
+    if ds is not None:
+        _calibrate_dataset(cm, ds, rng)
+    cm.calibrated_at = time.time()
+    path = save_to or (
+        os.path.join(ds.directory, "costs.json")
+        if ds is not None and ds.directory
+        else DEFAULT_PATH
+    )
+    cm.save(path)
+    if ds is not None:
+        ds.cost_model = cm
+    return cm
+
+
+def _calibrate_dataset(cm: CostModel, ds: Any, rng: np.random.Generator) -> None:
+    import pyarrow as pa
+
+    from indexes.dataset import sample_rowids
+
+    sample = sample_rowids(ds, 64, rng)
+    if len(sample) < 8:
+        return
+    for col, vi in ds.vectors.items():
+        if vi.in_graph >= 1000:
+            qs = vi.vectors[sample] + 0.01 * rng.standard_normal(
+                (len(sample), vi.dim), dtype=np.float32
+            )
+            _measure_graph(cm, col, vi, qs)
+    scal = [c for c in ds.scalar_names if c != ds.key][:1] or [ds.key]
+    ids = sample_rowids(ds, 4096, rng)
+    t = ds._scalar_table().select(scal)
+    expr = pa.compute.is_valid(pa.compute.field(scal[0]))
+    cm.residual_ns_per_row = (
+        _best(
+            lambda: (
+                t.take(pa.array(ids))
+                .append_column("__r", pa.array(ids.astype(np.uint32)))
+                .filter(expr)
+                .column("__r")
+                .to_numpy()
+            ),
+            5,
+        )
+        / max(len(ids), 1)
+        * 1e9
+    )
+
+
+def _measure_graph(cm: CostModel, col: str, vi: Any, qs: np.ndarray) -> None:
+    """Fit search time = base + per_ef * ef on this graph, and count visited nodes."""
+    pts = []
+    for ef in (16, 64, 256):
+        vi.graph.set_ef(ef)
+        t = _best(lambda: [vi.graph.knn_query(q, k=10, num_threads=1) for q in qs], 3) / len(qs)
+        pts.append((ef, t * 1e3))
+    a = np.array(pts)
+    per, base = np.polyfit(a[:, 0], a[:, 1], 1)
+    cm.columns[col] = [max(float(base), 0.005), max(float(per), 1e-6)]
+    calls = [0]
+
+    def count(label: int) -> bool:
+        calls[0] += 1
+        return True
+
+    vi.graph.set_ef(64)
+    for q in qs[:16]:
+        vi.graph.knn_query(q, k=10, num_threads=1, filter=count)
+    cm.visits_per_ef = calls[0] / 16 / 64
+    # the callback's own price, through hnswlib (pybind11 call + Python), per visited node
+    plain = _best(lambda: [vi.graph.knn_query(q, k=10, num_threads=1) for q in qs], 3)
+    calls[0] = 0
+    filt = _best(lambda: [vi.graph.knn_query(q, k=10, num_threads=1, filter=count) for q in qs], 3)
+    per_call = calls[0] / 3 / len(qs)
+    cm.callback_ns = max((filt - plain) / len(qs) / max(per_call, 1.0) * 1e9, 50.0)
+    vi.graph.set_ef(vi.spec.ef)

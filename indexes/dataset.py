@@ -1,0 +1,410 @@
+"""A materialized, indexed dataset: Arrow segments + HNSW / B-tree / inverted indexes.
+
+Rows get a monotonically increasing row id on arrival; row id == position, so rows sit in
+arrival order (a time range over an append-mostly stream is a contiguous slice). Scalar
+columns are kept as a list of Arrow record batches (combined when there are many);
+vector columns with an ``hnsw`` index live in a growing float32 matrix next to the graph.
+An upsert of an existing key tombstones the old row id (deletion bitmap + every index
+updated) and appends the new version. ``compact()`` rewrites everything without
+tombstones when they pile up.
+
+Every public method takes the reader-writer lock: a query sees a batch entirely or not
+at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyroaring import BitMap
+
+from dsl.ast import Expr
+from indexes.btree import BTreeIndex, array_of
+from indexes.hnsw import VectorIndex, to_matrix, vector_dim
+from indexes.inverted import InvertedIndex
+from indexes.rwlock import RWLock
+from indexes.spec import DatasetError, IndexSpec
+
+FORMAT_VERSION = 1
+
+
+class Dataset:
+    def __init__(
+        self,
+        name: str,
+        schema: pa.Schema,
+        key: str,
+        indexes: Mapping[str, IndexSpec | str | dict],
+        *,
+        fold_rows: int = 4096,
+    ):
+        if key not in schema.names:
+            raise DatasetError(
+                f"dataset {name!r}: key column {key!r} is not in the schema; columns: {', '.join(schema.names)}"
+            )
+        self.name = name
+        self.schema = schema
+        self.key = key
+        self.specs: dict[str, IndexSpec] = {}
+        self.btrees: dict[str, BTreeIndex] = {}
+        self.inverted: dict[str, InvertedIndex] = {}
+        self.vectors: dict[str, VectorIndex] = {}
+        for col, spec in indexes.items():
+            if col not in schema.names:
+                raise DatasetError(
+                    f"dataset {name!r}: index on unknown column {col!r}; columns: {', '.join(schema.names)}"
+                )
+            spec = IndexSpec.parse(spec)
+            self.specs[col] = spec
+            t = schema.field(col).type
+            if spec.kind == "btree":
+                self.btrees[col] = BTreeIndex(col, t)
+            elif spec.kind == "inverted":
+                self.inverted[col] = InvertedIndex(col, t)
+            else:
+                self.vectors[col] = VectorIndex(col, vector_dim(col, t), spec, fold_rows)
+        self.scalar_names = [n for n in schema.names if n not in self.vectors]
+        self.scalar_schema = pa.schema([schema.field(n) for n in self.scalar_names])
+        self._batches: list[pa.RecordBatch] = []
+        self._table: pa.Table | None = None
+        self.alive = np.zeros(0, dtype=bool)
+        self.live = BitMap()
+        self.n = 0  # row ids handed out
+        self.rowid_of: dict[Any, int] = {}
+        self.lock = RWLock()
+        self.directory: str | None = None
+        self.cost_model: Any = None  # indexes.cost.CostModel, loaded lazily
+        self.feedback: dict[str, dict[str, float]] = {}  # filter -> strategy -> learned cost factor
+        self.version = 0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        schema: pa.Schema,
+        key: str,
+        indexes: Mapping[str, IndexSpec | str | dict],
+        **kw: Any,
+    ) -> Dataset:
+        return cls(name, schema, key, indexes, **kw)
+
+    # ------------------------------------------------------------------ writes
+    def _conform(self, table: pa.Table | pa.RecordBatch) -> pa.Table:
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        missing = [n for n in self.schema.names if n not in table.column_names]
+        extra = [n for n in table.column_names if n not in self.schema.names]
+        if missing or extra:
+            raise DatasetError(
+                f"dataset {self.name!r}: rows do not match the schema"
+                + (f"; missing column(s) {missing}" if missing else "")
+                + (f"; unknown column(s) {extra}" if extra else "")
+                + f"; expected {', '.join(self.schema.names)}"
+            )
+        table = table.select(self.schema.names)
+        try:
+            return table.cast(self.schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise DatasetError(
+                f"dataset {self.name!r}: rows cannot be converted to the schema: {e}"
+            ) from None
+
+    def upsert(self, table: pa.Table | pa.RecordBatch) -> int:
+        """Insert rows, replacing any existing row with the same key; returns rows written."""
+        return self._write(table, replace=True)
+
+    def insert(self, table: pa.Table | pa.RecordBatch) -> int:
+        """Insert rows; a key that already exists is an error."""
+        return self._write(table, replace=False)
+
+    def _write(self, table: pa.Table | pa.RecordBatch, replace: bool) -> int:
+        table = self._conform(table)
+        if table.num_rows == 0:
+            return 0
+        keys = table.column(self.key).to_pylist()
+        if any(k is None for k in keys):
+            raise DatasetError(f"dataset {self.name!r}: key column {self.key!r} has null values")
+        last: dict[Any, int] = {}
+        for i, k in enumerate(keys):
+            last[k] = i
+        if len(last) < len(keys):  # the last version of a key within one batch wins
+            table = table.take(pa.array(sorted(last.values()), pa.int64()))
+            keys = table.column(self.key).to_pylist()
+        mats = {c: to_matrix(c, table.column(c), v.dim) for c, v in self.vectors.items()}
+        with self.lock.write():
+            old = [self.rowid_of[k] for k in keys if k in self.rowid_of]
+            if old and not replace:
+                dup = [k for k in keys if k in self.rowid_of][:5]
+                raise DatasetError(
+                    f"dataset {self.name!r}: key(s) {dup} already exist; use upsert() to replace rows"
+                )
+            if old:
+                self._delete_rowids(old)
+            start, m = self.n, table.num_rows
+            rowids = np.arange(start, start + m, dtype=np.int64)
+            self._batches.extend(table.select(self.scalar_names).to_batches())
+            self._table = None
+            if len(self._batches) > 64:
+                self._batches = (
+                    pa.Table.from_batches(self._batches, self.scalar_schema)
+                    .combine_chunks()
+                    .to_batches()
+                )
+            if start + m > len(self.alive):
+                a = np.zeros(max(start + m, 2 * len(self.alive), 1024), dtype=bool)
+                a[: self.n] = self.alive[: self.n]
+                self.alive = a
+            self.alive[start : start + m] = True
+            self.n = start + m
+            self.live.add_range(start, start + m)
+            for k, r in zip(keys, rowids.tolist()):
+                self.rowid_of[k] = r
+            for c, bt in self.btrees.items():
+                bt.add(rowids, table.column(c))
+            for c, inv in self.inverted.items():
+                inv.add(rowids, table.column(c))
+            for c, vi in self.vectors.items():
+                vi.append(start, mats[c])
+                vi.fold(self.alive)
+            self.version += 1
+        return m
+
+    def delete(self, keys: Iterable[Any]) -> int:
+        """Delete rows by key; returns how many existed."""
+        with self.lock.write():
+            rowids = [self.rowid_of[k] for k in keys if k in self.rowid_of]
+            self._delete_rowids(rowids)
+            self.version += 1
+        return len(rowids)
+
+    def _delete_rowids(self, rowids: Sequence[int]) -> None:
+        if not rowids:
+            return
+        rowids = sorted(set(rowids))
+        ids = np.array(rowids, dtype=np.int64)
+        if self.inverted:
+            old = self._scalar_table().select(list(self.inverted)).take(pa.array(ids))
+            for c, inv in self.inverted.items():
+                inv.remove(rowids, old.column(c).to_pylist())
+        for bt in self.btrees.values():
+            bt.remove(rowids)
+        for vi in self.vectors.values():
+            for r in rowids:
+                vi.delete(r)
+        keys = self._scalar_table().column(self.key).take(pa.array(ids)).to_pylist()
+        for k, r in zip(keys, rowids):
+            if self.rowid_of.get(k) == r:
+                del self.rowid_of[k]
+        self.alive[ids] = False
+        self.live.difference_update(BitMap(rowids))
+
+    def flush(self) -> None:
+        """Fold every growing segment into its HNSW graph now."""
+        with self.lock.write():
+            for vi in self.vectors.values():
+                vi.fold(self.alive, force=True)
+
+    def compact(self) -> None:
+        """Rewrite without tombstones (new row ids, indexes rebuilt). Costly; run when idle."""
+        with self.lock.write():
+            table = self._rows(array_of(self.live).astype(np.int64), None)
+            fresh = Dataset(
+                self.name,
+                self.schema,
+                self.key,
+                self.specs,
+                fold_rows=next(iter(self.vectors.values())).fold_rows if self.vectors else 4096,
+            )
+            fresh.upsert(table)
+            fresh.flush()
+            keep = {"lock", "directory", "cost_model", "feedback", "version"}
+            for k, v in vars(fresh).items():
+                if k not in keep:
+                    setattr(self, k, v)
+            self.version += 1
+
+    # ------------------------------------------------------------------ reads
+    def count(self) -> int:
+        return len(self.live)
+
+    def _scalar_table(self) -> pa.Table:
+        if self._table is None:
+            self._table = pa.Table.from_batches(self._batches, self.scalar_schema)
+        return self._table
+
+    def _rows(self, rowids: np.ndarray | None, columns: Sequence[str] | None) -> pa.Table:
+        """Rows by row id (None: every stored row), in the given order, as the dataset schema."""
+        names = list(columns) if columns is not None else self.schema.names
+        unknown = [c for c in names if c not in self.schema.names]
+        if unknown:
+            raise DatasetError(
+                f"dataset {self.name!r}: unknown column(s) {unknown}; columns: {', '.join(self.schema.names)}"
+            )
+        scalars = [c for c in names if c not in self.vectors]
+        t = self._scalar_table().select(scalars)
+        if rowids is not None:
+            t = t.take(pa.array(rowids, pa.int64()))
+        arrays, fields = [], []
+        for c in names:
+            f = self.schema.field(c)
+            if c in self.vectors:
+                vi = self.vectors[c]
+                m = vi.vectors[rowids] if rowids is not None else vi.vectors[: self.n]
+                arr = pa.FixedSizeListArray.from_arrays(
+                    pa.array(m.reshape(-1), pa.float32()), vi.dim
+                )
+                arrays.append(arr.cast(f.type) if arr.type != f.type else arr)
+            else:
+                arrays.append(t.column(c))
+            fields.append(f)
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+    def rows(self, rowids: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+        with self.lock.read():
+            return self._rows(rowids, columns)
+
+    def to_table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """Every live row, in arrival order."""
+        with self.lock.read():
+            return self._rows(array_of(self.live).astype(np.int64), columns)
+
+    def get(self, key: Any, columns: Sequence[str] | None = None) -> dict | None:
+        with self.lock.read():
+            r = self.rowid_of.get(key)
+            return None if r is None else self._rows(np.array([r]), columns).to_pylist()[0]
+
+    # ------------------------------------------------------------------ queries
+    def search(
+        self,
+        column: str,
+        query: Any,
+        k: int,
+        where: Expr | None = None,
+        params: Mapping[str, Any] | None = None,
+        *,
+        columns: Sequence[str] | None = None,
+        strategy: str | None = None,
+        ef: int | None = None,
+        guards: bool = True,
+    ) -> tuple[pa.Table, Any]:
+        """k nearest live rows to ``query`` among rows satisfying ``where``.
+
+        Returns (table with the requested columns + float32 ``_distance``, RetrievalExplain).
+        ``strategy`` forces one of 'postfilter', 'insearch', 'prefilter', 'exact'.
+        """
+        from indexes.retrieval import search
+
+        with self.lock.read():
+            rowids, dists, info = search(
+                self, column, query, k, where, params or {}, strategy=strategy, ef=ef, guards=guards
+            )
+            t0 = time.perf_counter()
+            t = self._rows(rowids, columns)
+            t = t.append_column(
+                pa.field("_distance", pa.float32()), pa.array(dists.astype(np.float32))
+            )
+            info.materialize_ms = (time.perf_counter() - t0) * 1e3
+        return t, info
+
+    def filter_rows(self, where: Expr | None, params: Mapping[str, Any] | None = None) -> BitMap:
+        """Row ids (a roaring bitmap) of live rows satisfying ``where``."""
+        from indexes.filters import compile_filter
+
+        with self.lock.read():
+            if where is None:
+                return self.live.copy()
+            return compile_filter(self, where, params or {}).evaluate(None)
+
+    def scan(
+        self,
+        where: Expr | None = None,
+        params: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> pa.Table:
+        from indexes.filters import compile_filter
+
+        with self.lock.read():
+            bm = (
+                self.live
+                if where is None
+                else compile_filter(self, where, params or {}).evaluate(None)
+            )
+            ids = array_of(bm).astype(np.int64)
+            if limit is not None:
+                ids = ids[:limit]
+            return self._rows(ids, columns)
+
+    def statistics(self) -> dict[str, Any]:
+        """Row count and per-index facts (exact)."""
+        with self.lock.read():
+            out: dict[str, Any] = {"rows": len(self.live), "stored_rows": self.n, "indexes": {}}
+            for c, bt in self.btrees.items():
+                lo, hi = bt.min_max()
+                out["indexes"][c] = {
+                    "kind": "btree",
+                    "rows": bt.live,
+                    "nulls": len(bt.nulls),
+                    "min": lo,
+                    "max": hi,
+                }
+            for c, inv in self.inverted.items():
+                out["indexes"][c] = {"kind": "inverted", "terms": len(inv.postings)}
+            for c, vi in self.vectors.items():
+                out["indexes"][c] = {
+                    "kind": "hnsw",
+                    "metric": vi.metric,
+                    "dim": vi.dim,
+                    "in_graph": vi.in_graph,
+                    "growing": vi.n - vi.folded,
+                }
+            return out
+
+    def nbytes(self) -> dict[str, int]:
+        """Memory held, by part (rows, each index)."""
+        with self.lock.read():
+            out = {"rows": self._scalar_table().nbytes + len(self.alive) + len(self.rowid_of) * 100}
+            for c, bt in self.btrees.items():
+                out[f"btree.{c}"] = bt.nbytes()
+            for c, inv in self.inverted.items():
+                out[f"inverted.{c}"] = inv.nbytes()
+            for c, vi in self.vectors.items():
+                out[f"hnsw.{c}"] = vi.nbytes()
+            return out
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, directory: str) -> None:
+        """Write rows (Arrow IPC), vectors (.npy), graphs (hnswlib), B-trees and postings."""
+        from indexes import store
+
+        with self.lock.write():
+            for vi in self.vectors.values():
+                vi.fold(self.alive, force=True)
+            store.save(self, directory)
+            self.directory = directory
+
+    @classmethod
+    def load(cls, directory: str) -> Dataset:
+        from indexes import store
+
+        return store.load(cls, directory)
+
+    def __repr__(self) -> str:
+        idx = ", ".join(f"{c}:{s.kind}" for c, s in self.specs.items())
+        return f"Dataset({self.name!r}, rows={len(self.live)}, key={self.key!r}, indexes=[{idx}])"
+
+
+def sample_rowids(ds: Dataset, n: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Up to ``n`` live row ids drawn uniformly."""
+    rng = rng or np.random.default_rng(0)
+    if ds.n == 0:
+        return np.empty(0, np.int64)
+    cand = rng.integers(0, ds.n, size=min(4 * n, 4 * ds.n))
+    cand = cand[ds.alive[cand]]
+    _, first = np.unique(cand, return_index=True)
+    return cand[np.sort(first)][:n]

@@ -1,0 +1,532 @@
+"""Filtered nearest-neighbour retrieval: four strategies and the cost-based choice.
+
+Strategies (all return the same contract: live row ids and distances, ascending):
+
+- ``postfilter``: HNSW for k' = k * 1.5 / selectivity + k candidates (capped), keep the
+  ones passing the filter. Guard: fewer than min(k, matches) survive -> exact.
+- ``insearch``: HNSW with hnswlib's ``filter=`` callback testing the candidate bitmap.
+  Guard: the callback counts visited nodes; once they exceed the number of candidates
+  the search is aborted and the exact path answers (Lucene's rule).
+- ``prefilter``: candidate bitmap from B-tree ranges and posting lists (residual
+  predicates on the survivors), then exact distances on the candidates: a contiguous
+  slice when the candidates are dense in row-id (= arrival) order, a gather otherwise.
+- ``exact``: distances to every stored row, masked by liveness and the filter.
+
+The optimizer estimates each one's cost from the calibrated unit costs (``indexes.cost``)
+and the predicate's row count -- exact from the indexes when it is cheap -- plus the
+learned ratio of actual to estimated time for this filter (query feedback), and
+runs the cheapest. ``RetrievalExplain`` records every alternative, the choice, any
+guard that fired, and the actual rows and time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pyroaring import BitMap
+
+from dsl.ast import Expr
+from indexes.btree import array_of, bitmap_of
+from indexes.cost import CostModel
+from indexes.filters import (
+    AndPred,
+    MatchPred,
+    NotPred,
+    OrPred,
+    Pred,
+    RangePred,
+    ResidualPred,
+    compile_filter,
+)
+from indexes.hnsw import VectorIndex
+from indexes.spec import DatasetError
+
+STRATEGIES = ("postfilter", "insearch", "prefilter", "exact")
+KPRIME_CAP = 4096  # largest post-filter oversampling
+OVERSAMPLE = 1.5
+MATERIALIZE_FRACTION = (
+    0.25  # compute the exact candidate set when its upper bound is below this share
+)
+
+
+@dataclass
+class Alternative:
+    strategy: str
+    cost_ms: float  # from the cost model
+    detail: str = ""
+    factor: float = 1.0  # learned actual/estimated ratio for this filter (query feedback)
+
+    @property
+    def adjusted_ms(self) -> float:
+        return self.cost_ms * self.factor
+
+    def __str__(self) -> str:
+        learned = (
+            f" (model {self.cost_ms:.3f} x{self.factor:.2f} learned)"
+            if abs(self.factor - 1) > 0.05
+            else ""
+        )
+        return f"{self.strategy:<10} est {self.adjusted_ms:8.3f} ms{learned}  {self.detail}"
+
+
+@dataclass
+class RetrievalExplain:
+    column: str
+    k: int
+    rows: int
+    filter: str | None = None
+    candidates: int | None = None
+    candidates_exact: bool = False
+    alternatives: list[Alternative] = field(default_factory=list)
+    chosen: str = ""
+    forced: bool = False
+    executed: str = ""
+    guard: str | None = None
+    actual_rows: int = 0
+    visited: int | None = None
+    plan_ms: float = 0.0
+    elapsed_ms: float = 0.0
+    materialize_ms: float = 0.0
+    feedback_key: str = field(default="", repr=False)
+    guards: bool = field(default=True, repr=False)
+
+    @property
+    def selectivity(self) -> float | None:
+        return None if self.candidates is None or not self.rows else self.candidates / self.rows
+
+    def lines(self) -> list[str]:
+        sel = self.selectivity
+        out = [f"VectorRetrieval: nearest({self.column}) k={self.k} over {self.rows} rows"]
+        if self.filter:
+            kind = "exact" if self.candidates_exact else "estimated"
+            out.append(f"  filter: {self.filter}")
+            out.append(
+                f"  candidates: {self.candidates} ({kind}, selectivity {sel:.4%})"
+                if sel is not None
+                else "  candidates: ?"
+            )
+        out.append("  alternatives:")
+        for a in sorted(self.alternatives, key=lambda a: a.adjusted_ms):
+            mark = "*" if a.strategy == self.chosen else " "
+            out.append(f"   {mark} {a}")
+        out.append(f"  chosen: {self.chosen}" + (" (forced)" if self.forced else ""))
+        if self.guard:
+            out.append(f"  guard: {self.guard} -> ran {self.executed}")
+        extra = f", visited {self.visited} nodes" if self.visited is not None else ""
+        out.append(
+            f"  actual: {self.actual_rows} rows in {self.elapsed_ms:.3f} ms (planning {self.plan_ms:.3f} ms{extra})"
+        )
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+class _Abort(Exception):
+    """Raised from the hnswlib filter callback when the visit budget is exhausted."""
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def query_vector(vi: VectorIndex, query: Any) -> np.ndarray:
+    try:
+        q = np.asarray(query, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise DatasetError(
+            f"nearest({vi.column}): the query vector must be a list or array of numbers: {e}"
+        ) from None
+    if q.shape[0] != vi.dim:
+        raise DatasetError(
+            f"nearest({vi.column}): the query vector has {q.shape[0]} dimensions but the column holds {vi.dim}-d vectors"
+        )
+    if not np.all(np.isfinite(q)):
+        raise DatasetError(
+            f"nearest({vi.column}): the query vector contains NaN or infinite values"
+        )
+    return np.ascontiguousarray(q)
+
+
+def topk(ids: np.ndarray, d: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    if len(d) > k:
+        part = np.argpartition(d, k - 1)[:k]
+        ids, d = ids[part], d[part]
+    order = np.lexsort((ids, d))
+    return ids[order], d[order]
+
+
+def exact_on(
+    vi: VectorIndex, q: np.ndarray, ids: np.ndarray, k: int, cm: CostModel
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k over sorted row ids: contiguous slice when dense enough, else gathered."""
+    if not len(ids):
+        return ids.astype(np.int64), np.empty(0, np.float32)
+    lo, hi = int(ids[0]), int(ids[-1]) + 1
+    ids64 = ids.astype(np.int64)
+    if (hi - lo) * cm.contig_ns_per_dim <= len(ids) * cm.gather_ns_per_dim:
+        d = vi.distances(q, slice(lo, hi))[ids64 - lo]
+    else:
+        d = vi.distances(q, ids64)
+    return topk(ids64, d, k)
+
+
+def _merge(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    if not len(b[0]):
+        return topk(a[0], a[1], k) if len(a[0]) > k else a
+    return topk(
+        np.concatenate([a[0], b[0]]),
+        np.concatenate([a[1].astype(np.float32), b[1].astype(np.float32)]),
+        k,
+    )
+
+
+def _growing(
+    ds: Any,
+    vi: VectorIndex,
+    q: np.ndarray,
+    k: int,
+    cand: BitMap | None,
+    pred: Pred | None,
+    cm: CostModel,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact search over the growing segment (rows not yet folded into the graph)."""
+    if vi.folded >= vi.n:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    seg = BitMap()
+    seg.add_range(vi.folded, vi.n)
+    seg &= ds.live
+    if cand is not None:
+        seg &= cand
+    elif pred is not None:
+        seg = pred.evaluate(seg)
+    return exact_on(vi, q, array_of(seg), k, cm)
+
+
+def materialize_ms(p: Pred, cm: CostModel, n: int, within: int | None = None) -> float:
+    """Rough cost of computing ``p``'s bitmap (within a candidate set of ``within`` rows)."""
+    rows = p.estimate().rows
+    if isinstance(p, RangePred):
+        if within is not None and within <= rows:
+            return within * cm.test_ns_per_row * 1e-6
+        return rows * cm.bitmap_ns_per_row * 1e-6
+    if isinstance(p, MatchPred):
+        return 0.003 + rows * 0.3e-6
+    if isinstance(p, ResidualPred):
+        return (within if within is not None else n) * cm.residual_ns_per_row * 1e-6
+    if isinstance(p, AndPred):
+        total, w = 0.0, within
+        for c in sorted(p.children, key=lambda c: (not c.indexed, c.estimate().rows)):
+            total += materialize_ms(c, cm, n, w)
+            w = min(w if w is not None else n, c.estimate().rows)
+        return total
+    if isinstance(p, OrPred):
+        return sum(materialize_ms(c, cm, n, within) for c in p.children)
+    if isinstance(p, NotPred):
+        return n * 1e-6 + materialize_ms(p.child, cm, n, within)
+    return n * cm.residual_ns_per_row * 1e-6
+
+
+def check_ms(p: Pred | None, cand: BitMap | None, rows: int, cm: CostModel, n: int) -> float:
+    """Cost of testing ``rows`` HNSW results against the filter."""
+    if p is None:
+        return 0.0
+    if cand is not None:
+        return rows * 0.1e-3
+    return materialize_ms(p, cm, n, within=rows) + 0.005
+
+
+# ---------------------------------------------------------------------- the optimizer
+
+
+def search(
+    ds: Any,
+    column: str,
+    query: Any,
+    k: int,
+    where: Expr | None,
+    params: Mapping[str, Any],
+    *,
+    strategy: str | None = None,
+    ef: int | None = None,
+    guards: bool = True,
+) -> tuple[np.ndarray, np.ndarray, RetrievalExplain]:
+    """Caller holds the dataset's read lock. ``guards=False`` (benchmarks only) lets a
+    forced strategy return what it found instead of switching to exact."""
+    t0 = time.perf_counter()
+    vi = ds.vectors.get(column)
+    if vi is None:
+        hint = (
+            f"; hnsw columns: {', '.join(ds.vectors)}"
+            if ds.vectors
+            else "; declare one with indexes: {col: hnsw}"
+        )
+        raise DatasetError(f"dataset {ds.name!r}: column {column!r} has no hnsw index{hint}")
+    if k <= 0:
+        raise DatasetError(f"nearest({column}): k must be positive, got {k}")
+    if strategy is not None and strategy not in STRATEGIES:
+        raise DatasetError(
+            f"unknown retrieval strategy {strategy!r}; use one of {', '.join(STRATEGIES)}"
+        )
+    q = query_vector(vi, query)
+    cm: CostModel = ds.cost_model or CostModel.default()
+    ds.cost_model = cm
+    ef = ef or vi.spec.ef
+    n = len(ds.live)
+    ftext = None if where is None else _fkey(where)
+    info = RetrievalExplain(column=column, k=k, rows=n, filter=ftext)
+    if where is not None:
+        names = where.params()
+        info.feedback_key = ftext + (
+            "|" + repr(sorted((p, repr(params.get(p))) for p in names)) if names else ""
+        )
+    info.guards = guards
+    pred = compile_filter(ds, where, params) if where is not None else None
+    cand: BitMap | None = None
+    if pred is None:
+        c, exact_count = n, True
+    else:
+        est = pred.estimate()
+        c, exact_count = est.rows, est.exact
+        if not exact_count and est.upper <= MATERIALIZE_FRACTION * n:
+            cand = pred.evaluate(None)  # cheap enough: make the count exact (and reuse the set)
+            c, exact_count = len(cand), True
+        elif exact_count and isinstance(pred, MatchPred):
+            cand = pred.evaluate(None)
+    info.candidates, info.candidates_exact = c, exact_count
+    alts = _costs(ds, vi, cm, pred, cand, c, n, k, ef, info.feedback_key)
+    info.alternatives = list(alts.values())
+    if strategy is not None:
+        info.chosen, info.forced = strategy, True
+    else:
+        learned = ds.feedback.get(info.feedback_key, {})
+        for a in info.alternatives:
+            a.factor = learned.get(a.strategy, 1.0)
+        info.chosen = min(info.alternatives, key=lambda a: a.cost_ms * a.factor).strategy
+    t1 = time.perf_counter()
+    info.plan_ms = (t1 - t0) * 1e3
+    ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, where)
+    t2 = time.perf_counter()
+    if strategy is None:
+        _learn(
+            ds,
+            info.feedback_key,
+            info.chosen,
+            (t2 - t1) * 1e3 / max(alts[info.chosen].cost_ms, 1e-3),
+        )
+    info.actual_rows = len(ids)
+    info.elapsed_ms = (t2 - t0) * 1e3
+    return ids, d, info
+
+
+def _fkey(where: Expr | None) -> str:
+    if where is None:
+        return ""
+    key = _FKEYS.get(where)
+    if key is None:
+        if len(_FKEYS) > 1024:
+            _FKEYS.clear()
+        key = _FKEYS[where] = str(where)
+    return key
+
+
+_FKEYS: dict[Expr, str] = {}
+
+
+def _costs(
+    ds: Any,
+    vi: VectorIndex,
+    cm: CostModel,
+    pred: Pred | None,
+    cand: BitMap | None,
+    c: int,
+    n: int,
+    k: int,
+    ef: int,
+    fkey: str,
+) -> dict[str, Alternative]:
+    dim = vi.dim
+    grow = cm.exact_ms(vi.n - vi.folded, dim, True)
+    mat = 0.0 if pred is None or cand is not None else materialize_ms(pred, cm, n)
+    out: dict[str, Alternative] = {}
+    scan = cm.overhead_ms + cm.exact_ms(ds.n, dim, True) + mat
+    out["exact"] = Alternative("exact", scan, f"{ds.n} rows contiguous")
+    dense = _dense(cand, cm)
+    pre = cm.overhead_ms + mat + cm.exact_ms(c, dim, dense)
+    out["prefilter"] = Alternative(
+        "prefilter",
+        pre,
+        f"{c} candidates {'contiguous' if dense else 'gathered'}"
+        + (f", build set {mat:.3f} ms" if mat else ""),
+    )
+    sel = c / n if n else 0.0
+    if sel <= 0:
+        return out
+    kp = k if pred is None else min(KPRIME_CAP, math.ceil(k * OVERSAMPLE / sel) + k)
+    efp = max(ef, kp)
+    post = cm.overhead_ms + cm.hnsw_ms(efp, dim, vi.column) + check_ms(pred, cand, kp, cm, n) + grow
+    detail = f"k'={kp} ef={efp}"
+    if pred is not None and kp * sel < k:  # even a perfect graph cannot keep k of k' results
+        post += pre
+        detail += ", guard will fire: + exact"
+    out["postfilter"] = Alternative("postfilter", post, detail)
+    if pred is not None:
+        # a filtered HNSW walk keeps going until it holds ef matches: about the work of an
+        # unfiltered search with ef / selectivity, plus one Python callback per visit
+        ef_eff = min(n, ef / max(sel, 1e-9))
+        visits = min(n, cm.visits_per_ef * ef_eff)
+        if visits > c:  # the visit guard aborts and the exact path answers
+            ins = mat + cm.hnsw_ms(min(c, ef_eff), dim, vi.column) + c * cm.callback_ns * 1e-6 + pre
+            note = f"~{visits:.0f} visits > {c} candidates: guard then exact"
+        else:
+            ins = mat + cm.hnsw_ms(ef_eff, dim, vi.column) + visits * cm.callback_ns * 1e-6 + grow
+            note = f"~{visits:.0f} visits"
+        out["insearch"] = Alternative("insearch", cm.overhead_ms + ins, note)
+    return out
+
+
+def _dense(cand: BitMap | None, cm: CostModel) -> bool:
+    if cand is None or not cand:
+        return False
+    span = cand.max() - cand.min() + 1
+    return span * cm.contig_ns_per_dim <= len(cand) * cm.gather_ns_per_dim
+
+
+def _learn(ds: Any, key: str, strategy: str, ratio: float) -> None:
+    """Query feedback: a geometric moving average of actual / estimated time per filter
+    (with its bound values) and strategy. A guard that fires (post-filter finding too few
+    rows near a query, in-search walking too far) shows up as a large ratio, so a filter
+    that correlates with the vectors stops being post-filtered. Other strategies' factors
+    decay toward 1, so they get retried."""
+    if len(ds.feedback) > 4096:
+        ds.feedback.clear()
+    fb = ds.feedback.setdefault(key, {})
+    ratio = min(max(ratio, 0.2), 100.0)
+    fb[strategy] = math.exp(0.7 * math.log(fb.get(strategy, 1.0)) + 0.3 * math.log(ratio))
+    for s in fb:
+        if s != strategy:
+            fb[s] = fb[s] ** 0.97
+
+
+def _run(
+    ds: Any,
+    vi: VectorIndex,
+    cm: CostModel,
+    q: np.ndarray,
+    k: int,
+    ef: int,
+    pred: Pred | None,
+    cand: BitMap | None,
+    c: int,
+    exact_count: bool,
+    info: RetrievalExplain,
+    where: Expr | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    s = info.chosen
+    info.executed = s
+    if s == "exact":
+        return _exact_scan(ds, vi, q, k, pred, cand)
+    if pred is not None and cand is None and s in ("prefilter", "insearch"):
+        cand = pred.evaluate(None)
+    if s == "prefilter":
+        return exact_on(vi, q, array_of(cand) if cand is not None else array_of(ds.live), k, cm)
+    if s == "insearch":
+        return _insearch(ds, vi, cm, q, k, ef, cand, info)
+    return _postfilter(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, where)
+
+
+def _exact_scan(
+    ds: Any, vi: VectorIndex, q: np.ndarray, k: int, pred: Pred | None, cand: BitMap | None
+) -> tuple[np.ndarray, np.ndarray]:
+    d = vi.distances(q, slice(0, ds.n))
+    if pred is None:
+        mask = ds.alive[: ds.n]
+    else:
+        bm = cand if cand is not None else pred.evaluate(None)
+        mask = np.zeros(ds.n, dtype=bool)
+        mask[array_of(bm).astype(np.int64)] = True
+    ids = np.flatnonzero(mask)
+    return topk(ids, d[ids], k)
+
+
+def _postfilter(
+    ds: Any,
+    vi: VectorIndex,
+    cm: CostModel,
+    q: np.ndarray,
+    k: int,
+    ef: int,
+    pred: Pred | None,
+    cand: BitMap | None,
+    c: int,
+    exact_count: bool,
+    info: RetrievalExplain,
+    where: Expr | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    n = max(len(ds.live), 1)
+    sel = c / n
+    kp = k if pred is None else min(KPRIME_CAP, math.ceil(k * OVERSAMPLE / max(sel, 1e-9)) + k)
+    labels, dists = vi.knn(q, kp, max(ef, kp))
+    if pred is not None and len(labels):
+        found = bitmap_of(labels)
+        keep = found & cand if cand is not None else pred.evaluate(found & ds.live)
+        m = np.isin(labels, array_of(keep))
+        labels, dists = labels[m], dists[m]
+    res = _merge((labels, dists), _growing(ds, vi, q, k, cand, pred, cm), k)
+    need = min(k, c) if exact_count else k
+    if len(res[0]) < need and info.guards:
+        info.guard = f"post-filter kept {len(res[0])} < {need} rows"
+        info.executed = "prefilter"
+        if cand is None:
+            cand = pred.evaluate(None) if pred is not None else ds.live
+        info.candidates, info.candidates_exact = len(cand), True
+        return exact_on(vi, q, array_of(cand), k, cm)
+    return res
+
+
+def _insearch(
+    ds: Any,
+    vi: VectorIndex,
+    cm: CostModel,
+    q: np.ndarray,
+    k: int,
+    ef: int,
+    cand: BitMap | None,
+    info: RetrievalExplain,
+) -> tuple[np.ndarray, np.ndarray]:
+    if cand is None:
+        labels, dists = vi.knn(q, k, ef)
+        return _merge((labels, dists), _growing(ds, vi, q, k, None, None, cm), k)
+    budget = len(cand) if info.guards else math.inf
+    contains = cand.__contains__
+    calls = [0]
+
+    def accept(label: int) -> bool:
+        calls[0] += 1
+        if calls[0] > budget:
+            raise _Abort
+        return contains(label)
+
+    try:
+        labels, dists = vi.knn(q, k, ef, filter=accept)
+        aborted = False
+    except _Abort:
+        labels, dists, aborted = np.empty(0, np.int64), np.empty(0, np.float32), True
+    info.visited = calls[0]
+    res = _merge((labels, dists), _growing(ds, vi, q, k, cand, None, cm), k)
+    need = min(k, len(cand))
+    if (aborted or len(res[0]) < need) and info.guards:
+        info.guard = (
+            f"visited {calls[0]} nodes > {budget} candidates"
+            if aborted
+            else f"in-search filter found {len(res[0])} < {need} rows"
+        )
+        info.executed = "prefilter"
+        return exact_on(vi, q, array_of(cand), k, cm)
+    return res

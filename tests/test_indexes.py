@@ -1,0 +1,373 @@
+"""Datasets and their indexes: B-tree, inverted, HNSW storage, upsert/delete, persistence."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import hnswlib
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from connectors.arrow_expr import filter_table
+from dsl.ast import Between, Binary, Call, Column, InList, Literal, Param, Unary
+from indexes import Dataset, DatasetError, IndexSpec
+from indexes.btree import BTreeIndex, Range, array_of
+from indexes.inverted import InvertedIndex
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+DIM = 16
+WORDS = ["fed", "rates", "oil", "chips", "bank", "earnings", "Fed's", "AI"]
+
+
+def make_table(ids: np.ndarray, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    n = len(ids)
+    x = rng.standard_normal((n, DIM)).astype(np.float32)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "ts": pa.array(
+                [T0 + dt.timedelta(seconds=int(i)) for i in ids], pa.timestamp("us", tz="UTC")
+            ),
+            "sym": pa.array([["AAPL", "MSFT", "NVDA", None][int(i) % 4] for i in ids], pa.string()),
+            "price": pa.array(rng.integers(0, 1000, n).astype(np.float64)),
+            "body": pa.array([" ".join(rng.choice(WORDS, 3)) for _ in range(n)]),
+            "tags": pa.array(
+                [[WORDS[int(i) % 3], WORDS[int(i) % 5]] for i in ids], pa.list_(pa.string())
+            ),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), DIM),
+        },
+        schema=SCHEMA,
+    )
+
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("sym", pa.string()),
+        ("price", pa.float64()),
+        ("body", pa.string()),
+        ("tags", pa.list_(pa.string())),
+        ("emb", pa.list_(pa.float32(), DIM)),
+    ]
+)
+INDEXES = {
+    "emb": IndexSpec("hnsw", metric="l2", M=16, ef_construction=100, ef=64),
+    "ts": IndexSpec("btree"),
+    "sym": "btree",
+    "price": "btree",
+    "body": "inverted",
+    "tags": {"kind": "inverted"},
+}
+
+
+def new_ds(n: int = 2000, fold_rows: int = 500) -> Dataset:
+    ds = Dataset.create("news", SCHEMA, "id", INDEXES, fold_rows=fold_rows)
+    ds.upsert(make_table(np.arange(n)))
+    return ds
+
+
+def col(name: str) -> Column:
+    return Column(name)
+
+
+def lit(v, t):
+    return Literal(v, t)
+
+
+FILTERS = [
+    Binary("<", col("ts"), lit(T0 + dt.timedelta(seconds=300), "timestamp")),
+    Binary(">=", col("price"), lit(500.0, "float")),
+    Binary("=", col("sym"), lit("NVDA", "str")),
+    Binary("!=", col("sym"), lit("NVDA", "str")),
+    Between(col("price"), lit(100, "int"), lit(200, "int")),
+    Between(col("price"), lit(100, "int"), lit(200, "int"), negated=True),
+    InList(col("sym"), (lit("AAPL", "str"), lit("MSFT", "str"))),
+    InList(col("sym"), Param("syms")),
+    Call("match", (col("body"), lit("fed rates", "str"))),
+    Call("match", (col("tags"), lit("oil", "str"))),
+    Binary(
+        "or",
+        Call("match", (col("body"), lit("oil", "str"))),
+        Binary("<", col("price"), lit(10.0, "float")),
+    ),
+    Binary(
+        "and",
+        Call("match", (col("body"), lit("bank", "str"))),
+        Binary(">", col("ts"), lit(T0 + dt.timedelta(seconds=1500), "timestamp")),
+    ),
+    Unary("not", Binary("<", col("price"), lit(500.0, "float"))),
+    Binary(
+        "and",
+        Binary("<", col("price"), lit(300.0, "float")),
+        Binary("=", Call("lower", (col("sym"),)), lit("aapl", "str")),
+    ),
+    Binary(
+        "or",
+        Binary("=", col("sym"), lit("AAPL", "str")),
+        Binary("=", Call("lower", (col("sym"),)), lit("nvda", "str")),
+    ),
+]
+PARAMS = {"syms": ["MSFT", "NVDA", "ZZZ"]}
+
+
+def brute(ds: Dataset, where) -> set[int]:
+    t = ds.to_table(["id", "ts", "sym", "price", "body"])
+    tags = ds.to_table(["id", "tags"])
+    if isinstance(where, Call) and where.args[0] == col("tags"):
+        q = set(where.args[1].value.lower().split())
+        return {
+            i
+            for i, tg in zip(tags.column("id").to_pylist(), tags.column("tags").to_pylist())
+            if q <= {x.lower() for x in tg}
+        }
+    return set(filter_table(t, where, PARAMS).column("id").to_pylist())
+
+
+def ids_of(ds: Dataset, bm) -> set[int]:
+    return set(ds.rows(array_of(bm).astype(np.int64), ["id"]).column("id").to_pylist())
+
+
+# --------------------------------------------------------------------------- btree
+
+
+@pytest.mark.parametrize("kind", ["int", "float", "ts", "str"])
+def test_btree_range_counts_are_exact_through_inserts_deletes_and_merges(kind):
+    rng = np.random.default_rng(1)
+    n = 5000
+    raw = rng.integers(0, 200, n)
+    if kind == "int":
+        arr, typ, conv = pa.array(raw, pa.int64()), pa.int64(), int
+    elif kind == "float":
+        arr, typ, conv = pa.array(raw / 7.0), pa.float64(), lambda v: v / 7.0
+    elif kind == "ts":
+        typ = pa.timestamp("us", tz="UTC")
+        arr = pa.array([T0 + dt.timedelta(minutes=int(v)) for v in raw], typ)
+        conv = lambda v: T0 + dt.timedelta(minutes=int(v))  # noqa: E731
+    else:
+        arr, typ, conv = (
+            pa.array([f"s{v:03d}" for v in raw]),
+            pa.string(),
+            lambda v: f"s{int(v):03d}",
+        )
+    bt = BTreeIndex("c", typ)
+    live = {}
+    for start in range(0, n, 700):  # several batches: delta + merges
+        ids = np.arange(start, min(n, start + 700))
+        bt.add(ids, arr.slice(start, len(ids)))
+        live.update({int(i): raw[i] for i in ids})
+    dead = rng.choice(n, 1500, replace=False)
+    bt.remove(dead.tolist())
+    for d in dead:
+        live.pop(int(d))
+    bt.add(np.arange(n, n + 50), arr.slice(0, 50))  # fresh delta after deletes
+    live.update({n + i: raw[i] for i in range(50)})
+    keys = np.array(list(live.values()))
+    rids = np.array(list(live.keys()))
+    for lo, hi, li, hi_inc in [
+        (10, 50, True, True),
+        (10, 50, False, False),
+        (0, 199, True, False),
+        (120, 120, True, True),
+        (None, 30, True, True),
+        (150, None, False, True),
+    ]:
+        m = np.ones(len(keys), bool)
+        if lo is not None:
+            m &= keys >= lo if li else keys > lo
+        if hi is not None:
+            m &= keys <= hi if hi_inc else keys < hi
+        r = Range(None if lo is None else conv(lo), None if hi is None else conv(hi), li, hi_inc)
+        assert bt.count([r]) == m.sum()
+        assert set(array_of(bt.rows([r])).tolist()) == set(rids[m].tolist())
+        probe = rids[:300].astype(np.uint32)
+        assert np.array_equal(bt.test(probe, [r]), m[:300])
+
+
+def test_btree_float_bounds_on_integer_keys():
+    bt = BTreeIndex("c", pa.int64())
+    bt.add(np.arange(10), pa.array(np.arange(10), pa.int64()))
+    assert bt.count([Range(2.5, None)]) == 7  # 3..9
+    assert bt.count([Range(None, 2.5)]) == 3  # 0..2
+    assert bt.count([Range(3.0, None, False, True)]) == 6  # > 3
+
+
+# --------------------------------------------------------------------------- inverted
+
+
+def test_inverted_match_df_and_removal():
+    inv = InvertedIndex("body", pa.string())
+    docs = ["Fed raises rates", "oil rates fall", "fed fed fed", None, "AI chips"]
+    inv.add(np.arange(5), pa.array(docs))
+    assert (
+        inv.df("fed") == 2 and inv.df("FED") == 2 and inv.df("rates") == 2 and inv.df("nope") == 0
+    )
+    assert set(inv.match(["fed", "rates"])) == {0}
+    assert inv.match_count(["rates"]) == 2
+    assert set(inv.match([])) == set()
+    inv.remove([0], ["Fed raises rates"])
+    assert inv.df("fed") == 1 and "raises" not in inv.postings
+    with pytest.raises(DatasetError, match="string or list<string>"):
+        InvertedIndex("x", pa.int64())
+
+
+# --------------------------------------------------------------------------- dataset filters
+
+
+@pytest.mark.parametrize("where", FILTERS, ids=[str(f) for f in FILTERS])
+def test_index_filters_equal_pyarrow_evaluation(where):
+    ds = new_ds()
+    assert ids_of(ds, ds.filter_rows(where, PARAMS)) == brute(ds, where)
+
+
+def test_upsert_delete_keep_every_index_consistent():
+    ds = new_ds(1500, fold_rows=400)
+    # replace 300 rows with new values (different seed), delete 200, insert 100 fresh
+    ds.upsert(make_table(np.arange(100, 400), seed=7))
+    assert ds.delete([*range(1000, 1200), 99999]) == 200
+    ds.upsert(make_table(np.arange(5000, 5100), seed=8))
+    assert ds.count() == 1500 - 200 + 100
+    t = ds.to_table()
+    assert sorted(t.column("id").to_pylist()) == sorted(
+        set(range(1500)) - set(range(1000, 1200)) | set(range(5000, 5100))
+    )
+    # replaced rows carry the new values
+    fresh = make_table(np.arange(100, 400), seed=7)
+    got = {r["id"]: r["price"] for r in t.select(["id", "price"]).to_pylist()}
+    assert all(
+        got[i] == p
+        for i, p in zip(fresh.column("id").to_pylist(), fresh.column("price").to_pylist())
+    )
+    for where in FILTERS:
+        assert ids_of(ds, ds.filter_rows(where, PARAMS)) == brute(ds, where), str(where)
+    # document frequencies count live rows only
+    bodies = t.column("body").to_pylist()
+    assert ds.inverted["body"].df("oil") == sum("oil" in b.lower().split() for b in bodies)
+    # the graph never returns a deleted or replaced row
+    x = np.stack(t.column("emb").to_numpy(zero_copy_only=False))
+    ids = np.array(t.column("id").to_pylist())
+    for i in range(0, len(x), 97):
+        res, _ = ds.search("emb", x[i], 5, strategy="postfilter")
+        assert res.column("id")[0].as_py() == ids[i]
+        assert set(res.column("id").to_pylist()) <= set(ids.tolist())
+
+
+def test_upsert_dedupes_keys_within_a_batch_and_insert_refuses_duplicates():
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES)
+    t = make_table(np.array([1, 2, 1]), seed=3)
+    assert ds.upsert(t) == 2
+    assert ds.get(1)["price"] == t.column("price")[2].as_py()
+    with pytest.raises(DatasetError, match="already exist"):
+        ds.insert(make_table(np.array([2])))
+
+
+def test_schema_errors_name_the_problem():
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES)
+    with pytest.raises(DatasetError, match=r"missing column\(s\) \['emb'\]"):
+        ds.upsert(make_table(np.arange(3)).drop(["emb"]))
+    with pytest.raises(DatasetError, match="key column 'nope'"):
+        Dataset.create("d", SCHEMA, "nope", {})
+    with pytest.raises(DatasetError, match="fixed-size float list"):
+        Dataset.create("d", SCHEMA, "id", {"price": "hnsw"})
+    with pytest.raises(DatasetError, match="unknown index kind"):
+        IndexSpec("bitmap")
+    with pytest.raises(DatasetError, match="has no hnsw index"):
+        new_ds(50).search("price", [0.0], 3)
+    with pytest.raises(DatasetError, match="3 dimensions but the column holds 16-d"):
+        new_ds(50).search("emb", [0.0, 1.0, 2.0], 3)
+
+
+# --------------------------------------------------------------------------- persistence
+
+
+def test_save_and_load_round_trip_without_rebuilding(tmp_path, monkeypatch):
+    ds = new_ds(1200, fold_rows=300)
+    ds.upsert(make_table(np.arange(0, 100), seed=5))
+    ds.delete([5, 6, 7])
+    ds.save(str(tmp_path / "news"))
+    x = np.random.default_rng(3).standard_normal((20, DIM)).astype(np.float32)
+    before = [ds.search("emb", q, 10, strategy="postfilter")[0].column("id").to_pylist() for q in x]
+
+    def no_build(*a, **k):
+        raise AssertionError("load() must not insert into the graph")
+
+    monkeypatch.setattr(hnswlib.Index, "add_items", no_build)
+    ds2 = Dataset.load(str(tmp_path / "news"))
+    monkeypatch.undo()
+    assert (
+        ds2.count() == ds.count()
+        and ds2.schema == ds.schema
+        and ds2.key == "id"
+        and ds2.name == "news"
+    )
+    assert ds2.to_table().equals(ds.to_table())
+    after = [ds2.search("emb", q, 10, strategy="postfilter")[0].column("id").to_pylist() for q in x]
+    assert after == before
+    for where in FILTERS:
+        assert ids_of(ds2, ds2.filter_rows(where, PARAMS)) == brute(ds2, where), str(where)
+    # still writable after reopening
+    ds2.upsert(make_table(np.arange(9000, 9010)))
+    ds2.delete([0])
+    assert ds2.count() == ds.count() + 9
+    assert ds2.inverted["tags"].df("oil") == sum(
+        "oil" in t for t in ds2.to_table(["tags"]).column("tags").to_pylist()
+    )
+
+
+def test_load_of_a_missing_directory_says_so(tmp_path):
+    with pytest.raises(DatasetError, match="not a saved dataset"):
+        Dataset.load(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def test_readers_see_whole_batches_while_a_writer_upserts():
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=256)
+    batch = 100
+    errors: list[BaseException] = []
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def writer():
+        for b in range(20):
+            ds.upsert(make_table(np.arange(b * batch, (b + 1) * batch), seed=b))
+        stop.set()
+
+    def reader():
+        q = np.ones(DIM, np.float32)
+        try:
+            while not stop.is_set():
+                t = ds.scan(columns=["id"])
+                seen.append(t.num_rows)
+                ds.search("emb", q, 5, Binary(">=", col("price"), lit(0.0, "float")))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)] + [
+        threading.Thread(target=writer)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(s % batch == 0 for s in seen)
+    assert ds.count() == 20 * batch
+
+
+def test_statistics_and_memory_report():
+    ds = new_ds(800)
+    st = ds.statistics()
+    assert st["rows"] == 800
+    assert st["indexes"]["ts"]["min"] == T0 and st["indexes"]["ts"]["max"] == T0 + dt.timedelta(
+        seconds=799
+    )
+    assert st["indexes"]["sym"]["nulls"] == 200
+    assert st["indexes"]["emb"]["in_graph"] + st["indexes"]["emb"]["growing"] == 800
+    assert sum(ds.nbytes().values()) > 800 * DIM * 4
+    _ = pc
