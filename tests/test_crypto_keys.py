@@ -100,6 +100,18 @@ def test_public_context_round_trip_from_file(ring: KeyRing, pub_bytes: bytes, tm
     assert ring.decrypt(ops.add(pub, enc, enc)) == pytest.approx(2 * np.array(VALUES), abs=1e-6)
 
 
+def test_load_cached_reloads_only_when_the_file_changes(other_ring, pub_bytes, tmp_path) -> None:
+    path = tmp_path / "agent.pub"
+    path.write_bytes(pub_bytes)
+    first = PublicContext.load_cached(path)
+    assert PublicContext.load_cached(str(path)) is first
+    path.write_bytes(other_ring.public_context())
+    again = PublicContext.load_cached(path)
+    assert again is not first and again.key_id == other_ring.key_id
+    with pytest.raises(CryptoError, match="cannot read the public context"):
+        PublicContext.load_cached(tmp_path / "missing.pub")
+
+
 def test_key_ring_save_and_load(ring: KeyRing, pub: PublicContext, tmp_path) -> None:
     path = tmp_path / "agent.key"
     ring.save(path)

@@ -239,3 +239,17 @@ def test_empty_candidates_and_broadcast(ring, pub) -> None:
     col = ops.broadcast(risk, 4)
     assert len(col.storage.field("ct").dictionary) == 1
     assert ring.decrypt(col) == pytest.approx([1.0] * 4, abs=BOUND)
+
+
+def test_score_dot_over_a_chunked_arrow_embedding_column(ring, pub, rng) -> None:
+    cands = unit(rng, 70, 16).astype(np.float32)
+    col = pa.chunked_array(
+        [
+            pa.FixedSizeListArray.from_arrays(pa.array(part.ravel()), 16)
+            for part in (cands[:30], cands[30:])
+        ]
+    )
+    table = pa.table({"embedding": col})
+    q = unit(rng, 16)
+    got = ring.decrypt(ops.score_dot(pub, ring.encrypt(q), table.column("embedding")))
+    assert np.max(np.abs(got - cands.astype(np.float64) @ q)) <= BOUND
