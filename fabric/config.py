@@ -209,16 +209,17 @@ class FabricConfig:
         """Every binding file: directories (``*.yaml``/``*.yml`` recursively), globs and files,
         relative to the config file."""
         out: dict[Path, None] = {}
+        skip = self.path.resolve() if self.path else None
         for pattern in self.bindings:
             p = Path(pattern)
             base = p if p.is_absolute() else self.root / p
             if any(ch in pattern for ch in "*?["):
                 for f in sorted(glob.glob(str(base), recursive=True)):
-                    if Path(f).is_file():
+                    if Path(f).is_file() and Path(f).resolve() != skip:
                         out[Path(f)] = None
             elif base.is_dir():
                 for f in sorted(base.rglob("*")):
-                    if f.suffix in (".yaml", ".yml") and f.is_file():
+                    if f.suffix in (".yaml", ".yml") and f.is_file() and f.resolve() != skip:
                         out[f] = None
             elif base.is_file():
                 out[base] = None

@@ -1,0 +1,262 @@
+"""The ``fabric`` command: validate, explain, query, serve, demo.
+
+fabric validate [PATH ...] [--config fabric.yaml] [--offline]
+fabric explain NAME [--session k=v ...] [--analyze] [--logical] [--config fabric.yaml]
+fabric query NAME [--session k=v ...] [--format table|json] [--config fabric.yaml]
+fabric query --text "from mysql://shop/merchants as m select m.name limit 5"
+fabric serve ...   (fabric.server)
+fabric demo ...    (fabric.demo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dsl.errors import Diagnostic, DslError, Span
+
+
+def _print_diagnostics(diags: Sequence[Diagnostic], out: Any) -> None:
+    for d in diags:
+        print(_with_line(d).format(), file=out)
+
+
+def _with_line(d: Diagnostic) -> Diagnostic:
+    """Fill the underlined source line from the file when the diagnostic lacks it."""
+    if d.span is None or d.source_line is not None:
+        return d
+    try:
+        lines = Path(d.span.file).read_text().splitlines()
+    except OSError:
+        return d
+    if 0 < d.span.line <= len(lines):
+        import dataclasses
+
+        return dataclasses.replace(d, source_line=lines[d.span.line - 1])
+    return d
+
+
+def _config_path(arg: str | None) -> Path | None:
+    if arg:
+        return Path(arg)
+    p = Path("fabric.yaml")
+    return p if p.exists() else None
+
+
+def _open(args: argparse.Namespace, *, watch: bool = False):
+    import fabric
+
+    path = _config_path(args.config)
+    if path is None:
+        raise DslError.at(
+            "no fabric.yaml here", Span("fabric.yaml", 1, 1), "pass --config path/to/fabric.yaml"
+        )
+    return fabric.open(path, ingest=False, watch=watch, offline=getattr(args, "offline", False))
+
+
+def _session(args: argparse.Namespace, compiled: Any) -> dict[str, Any]:
+    from dsl.types import parse_cli_value
+
+    out: dict[str, Any] = {}
+    for item in args.session or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"fabric: --session takes key=value, got {item!r}")
+        t = compiled.session.get(key) if compiled is not None else None
+        if t is None:
+            try:
+                out[key] = json.loads(value)
+            except json.JSONDecodeError:
+                out[key] = value
+        else:
+            out[key] = parse_cli_value(t, value)
+    return out
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from dsl import loader
+    from fabric.config import load_config
+
+    diags: list[Diagnostic] = []
+    config_path = _config_path(args.config)
+    n_bindings = 0
+    if config_path is None:
+        if not args.paths:
+            print(
+                "fabric validate: no fabric.yaml here and no binding files given", file=sys.stderr
+            )
+            print("  hint: fabric validate agents/*.yaml --config fabric.yaml", file=sys.stderr)
+            return 2
+        # syntax and shape only: no catalog to check sources and columns against
+        for f in _expand(args.paths):
+            try:
+                n_bindings += len(loader.load_file(f, str(f)))
+            except DslError as e:
+                diags.extend(e.diagnostics)
+        mode = "syntax only (no fabric.yaml: sources and columns not checked)"
+    else:
+        try:
+            config = load_config(config_path)
+        except DslError as e:
+            _print_diagnostics(e.diagnostics, sys.stdout)
+            print(f"{len(e.diagnostics)} problem(s) in {config_path}", file=sys.stderr)
+            return 1
+        if args.paths:
+            import dataclasses
+
+            files = _expand(args.paths)
+            config = dataclasses.replace(config, bindings=tuple(str(f.resolve()) for f in files))
+        import fabric
+
+        with fabric.open(config, ingest=False, watch=False, offline=args.offline) as fab:
+            diags = fab.validate()
+            n_bindings = len(fab.bindings.names())
+        mode = "offline (declared schemas)" if args.offline else "against the live catalog"
+    if diags:
+        _print_diagnostics(diags, sys.stdout)
+        print(f"{len(diags)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"OK: {n_bindings} binding(s) valid, {mode}")
+    return 0
+
+
+def _expand(paths: Sequence[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(
+                sorted(f for f in p.rglob("*") if f.suffix in (".yaml", ".yml") and f.is_file())
+            )
+        else:
+            out.append(p)
+    return out
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    with _open(args) as fab:
+        compiled = fab.binding(args.name)
+        session = _session(args, compiled)
+        print(
+            fab.explain(
+                args.name, session or None, analyze=args.analyze, optimized=not args.logical
+            )
+        )
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    with _open(args) as fab:
+        if args.text:
+            session = _session(args, None)
+            res = fab.query_text(args.text, session or None)
+        else:
+            if not args.name:
+                raise SystemExit("fabric query: give a binding NAME or --text '...'")
+            compiled = fab.binding(args.name)
+            res = fab.query(args.name, _session(args, compiled))
+        table = res.table
+        if args.format == "json":
+            print(json.dumps(table.to_pylist(), default=str, indent=2))
+        else:
+            print(_table_text(table))
+    return 0
+
+
+def _table_text(table: Any, max_rows: int = 50) -> str:
+    cols = table.column_names
+    rows = [[_cell(v) for v in r.values()] for r in table.slice(0, max_rows).to_pylist()]
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+    line = " | ".join(c.ljust(w) for c, w in zip(cols, widths))
+    out = [line, "-+-".join("-" * w for w in widths)]
+    out += [" | ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    if table.num_rows > max_rows:
+        out.append(f"... {table.num_rows - max_rows} more rows")
+    out.append(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})")
+    return "\n".join(out)
+
+
+def _cell(v: Any) -> str:
+    s = "null" if v is None else str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def cmd_delegate(module: str, argv: list[str]) -> int:
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        print(f"fabric: {module} is not available: {e}", file=sys.stderr)
+        return 2
+    rc = mod.main(argv)
+    return int(rc or 0)
+
+
+# ------------------------------------------------------------------ entry point
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fabric", description="The agent data fabric.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("validate", help="check binding files (and fabric.yaml)")
+    v.add_argument(
+        "paths", nargs="*", help="binding files or directories (default: bindings: of fabric.yaml)"
+    )
+    v.add_argument("--config", help="fabric.yaml (default: ./fabric.yaml if present)")
+    v.add_argument(
+        "--offline", action="store_true", help="plan against declared schemas; open no connection"
+    )
+    v.set_defaults(fn=cmd_validate)
+
+    e = sub.add_parser("explain", help="print the plan of a binding")
+    e.add_argument("name")
+    e.add_argument("--session", action="append", metavar="K=V", help="a session value (repeatable)")
+    e.add_argument("--analyze", action="store_true", help="run it and show actual rows and times")
+    e.add_argument("--logical", action="store_true", help="the plan before optimization")
+    e.add_argument("--config")
+    e.add_argument("--offline", action="store_true")
+    e.set_defaults(fn=cmd_explain)
+
+    q = sub.add_parser("query", help="run a binding (or --text) and print the result")
+    q.add_argument("name", nargs="?")
+    q.add_argument("--text", help="a compact text query instead of a binding name")
+    q.add_argument("--session", action="append", metavar="K=V")
+    q.add_argument("--format", choices=("table", "json"), default="table")
+    q.add_argument("--config")
+    q.set_defaults(fn=cmd_query)
+
+    sub.add_parser(
+        "serve", help="serve freshness signals and metrics (fabric.server)", add_help=False
+    )
+    sub.add_parser("demo", help="run the seed scenarios end to end (fabric.demo)", add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("serve", "demo"):
+        return cmd_delegate(f"fabric.{'server' if argv[0] == 'serve' else 'demo'}", argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except DslError as e:
+        _print_diagnostics(e.diagnostics, sys.stderr)
+        return 1
+    except LookupError as e:
+        print(f"fabric: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 1
+    except NotImplementedError as e:
+        print(f"fabric: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
