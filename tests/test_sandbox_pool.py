@@ -207,3 +207,17 @@ def test_compromised_worker_is_cut_off(mode, error, needle, news):
         pytest.raises(error, match=needle),
     ):
         p.run("def run(t):\n    return t\n", news, binding="victim")
+
+
+@pytest.mark.parametrize("transport", ["pipe", "shm"])
+def test_both_transports_round_trip_and_big_inputs_fall_back_to_the_pipe(transport):
+    """A table larger than the shared-memory region still goes through (by pipe)."""
+    limits = SandboxLimits(cpu_seconds=2, wall_seconds=10, output_bytes=1 << 20)
+    big = pa.table({"x": np.arange(400_000, dtype=np.int64)})  # ~3 MiB, region is 1 MiB
+    src = "import pyarrow.compute as pc\ndef run(table):\n    return table.filter(pc.less(table['x'], 1000))\n"
+    with SandboxPool(size=1, limits=limits, transport=transport) as p:
+        assert p.run(src, big, binding="big")["x"].to_pylist() == list(range(1000))
+        small = big.slice(0, 5000)
+        assert p.run("def run(t):\n    return t\n", small, binding="echo").equals(small)
+        with pytest.raises(SandboxViolation, match="over the output limit"):
+            p.run("def run(t):\n    return t\n", big, binding="echo_big")

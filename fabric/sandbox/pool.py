@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import mmap
 import os
 import pwd
 import queue
@@ -54,7 +55,18 @@ class _Expired(Exception):
 class _Worker:
     """One worker process and the fabric's end of its two pipes."""
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str], start_timeout: float):
+    def __init__(self, argv: Sequence[str], env: dict[str, str], start_timeout: float, shm_bytes: int = 0):
+        self.shm_in = self.shm_out = None
+        shm_fds: list[int] = []
+        if shm_bytes:
+            # two shared-memory regions (memfd): tables in and out without pipe copies
+            for name in ("fabric-sandbox-in", "fabric-sandbox-out"):
+                fd = os.memfd_create(name, os.MFD_CLOEXEC)
+                os.ftruncate(fd, shm_bytes)
+                shm_fds.append(fd)
+            self.shm_in = mmap.mmap(shm_fds[0], shm_bytes)
+            self.shm_out = mmap.mmap(shm_fds[1], shm_bytes, prot=mmap.PROT_READ)
+            argv = [*argv, "--shm", f"{shm_fds[0]},{shm_fds[1]},{shm_bytes}"]
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         for fd in (p2c_w, c2p_w):
@@ -66,7 +78,7 @@ class _Worker:
                 pass  # pipes stay at the default size: slower for big tables, still correct
         self.proc = subprocess.Popen(
             [*argv, "--in", str(p2c_r), "--out", str(c2p_w)],
-            pass_fds=(p2c_r, c2p_w),
+            pass_fds=(p2c_r, c2p_w, *shm_fds),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -74,8 +86,8 @@ class _Worker:
             cwd=_PROJECT_ROOT,
             close_fds=True,
         )
-        os.close(p2c_r)
-        os.close(c2p_w)
+        for fd in (p2c_r, c2p_w, *shm_fds):
+            os.close(fd)
         self.rfd, self.wfd, self.pid = c2p_r, p2c_w, self.proc.pid
         for fd in (self.rfd, self.wfd, self.proc.stderr.fileno()):
             os.set_blocking(fd, False)
@@ -123,13 +135,35 @@ class _Worker:
     def recv(self, deadline, check, max_payload: int) -> tuple[dict, bytes]:
         hlen, plen = PREFIX.unpack(self._read(PREFIX.size, deadline, check))
         if hlen > MAX_HEADER_BYTES:
-            raise SandboxViolation("?", f"the worker sent a {hlen}-byte header")
+            raise ValueError(f"a {hlen}-byte header")
         if plen > max_payload:
             raise OverflowError(plen)
         header = json.loads(self._read(hlen, deadline, check))
         if not isinstance(header, dict):
             raise ValueError("worker header is not an object")
+        shm = header.get("shm")
+        if shm is not None and self.shm_out is not None:
+            if not isinstance(shm, int) or shm < 0 or shm > len(self.shm_out):
+                raise ValueError(f"shared-memory size {shm!r}")
+            if shm > max_payload:
+                raise OverflowError(shm)
+            return header, self.shm_out[:shm]  # a copy: the worker cannot change it under us
         return header, self._read(plen, deadline, check) if plen else b""
+
+    def request(self, header: dict, table: pa.Table) -> list:
+        """Frame a call; the table goes through shared memory when it fits."""
+        if self.shm_in is not None:
+            try:
+                out = pa.FixedSizeBufferWriter(pa.py_buffer(self.shm_in))
+                with pa.ipc.new_stream(out, table.schema) as writer:
+                    writer.write_table(table)
+                return encode({**header, "shm": out.tell()})
+            except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError):
+                pass  # larger than the region: send it down the pipe
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return encode(header, sink.getvalue())
 
     def _read(self, n: int, deadline, check) -> bytearray:
         buf = bytearray(n)
@@ -172,6 +206,9 @@ class _Worker:
                 os.close(fd)
         if self.proc.stderr:
             self.proc.stderr.close()
+        for region in (self.shm_in, self.shm_out):
+            if region is not None:
+                region.close()
 
 
 class _Watch:
@@ -227,6 +264,7 @@ class SandboxPool:
         start_timeout: float = 60.0,
         cpu_budget: int = 600,
         acquire_timeout: float = 60.0,
+        transport: str = "shm",
         _static_checks: bool = True,
         _restricted_python: bool = True,
         _skip_layers: Sequence[str] = (),
@@ -238,6 +276,9 @@ class SandboxPool:
         self.limits = limits or SandboxLimits()
         self.start_timeout, self.acquire_timeout = start_timeout, acquire_timeout
         self.cpu_budget = cpu_budget
+        if transport not in ("shm", "pipe"):
+            raise ValueError(f"SandboxPool transport must be 'shm' or 'pipe', got {transport!r}")
+        self.transport = transport
         self._static = _static_checks
         self._static_cache: dict[tuple, list] = {}
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -291,7 +332,8 @@ class SandboxPool:
         with self._lock:
             self._live += 1
         try:
-            return _Worker(self._argv, self._env, self.start_timeout)
+            shm = self.limits.output_bytes if self.transport == "shm" else 0
+            return _Worker(self._argv, self._env, self.start_timeout, shm)
         except BaseException:
             with self._lock:
                 self._live -= 1
@@ -407,15 +449,11 @@ class SandboxPool:
             self._check(snippet, origin)
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
         header = {"source": snippet, "params": params or {}, "limits": asdict(limits)}
-        request = encode(header, sink.getvalue())
         worker = self._acquire()
         healthy = False
         try:
-            reply, payload = self._call(worker, request, limits, origin)
+            reply, payload = self._call(worker, worker.request(header, table), limits, origin)
             healthy = (reply.get("status") == "ok" or reply.get("kind") == "runtime") and self._fit(
                 worker
             )
@@ -460,7 +498,7 @@ class SandboxPool:
                 f"sent {exc} bytes of output, over the limit of {limits.output_bytes}",
                 None,
             ) from None
-        except (ValueError, SandboxViolation) as exc:
+        except ValueError as exc:
             raise origin.error(
                 SandboxViolation, f"the worker sent a malformed reply ({exc})", None
             ) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import mmap
 import os
 import resource
 import signal
@@ -44,9 +45,18 @@ def _on_limit_signal(signum, frame) -> None:
 
 
 class _Channel:
-    def __init__(self, rfd: int, wfd: int):
+    def __init__(self, rfd: int, wfd: int, shm: str | None):
         self.r = os.fdopen(rfd, "rb", buffering=0)
         self.wfd = wfd
+        self.shm_in = self.shm_out = None
+        if shm:  # "in_fd,out_fd,size": shared-memory regions made by the fabric
+            in_fd, out_fd, size = (int(x) for x in shm.split(","))
+            self.shm_in = mmap.mmap(in_fd, size, prot=mmap.PROT_READ)
+            self.shm_out = mmap.mmap(out_fd, size)
+            os.close(in_fd)
+            os.close(out_fd)
+            self.in_buf = pa.py_buffer(self.shm_in)
+            self.out_buf = pa.py_buffer(self.shm_out)
 
     def read_exact(self, n: int) -> memoryview | None:
         buf = bytearray(n)
@@ -68,7 +78,10 @@ class _Channel:
         payload = self.read_exact(plen) if plen else memoryview(b"")
         if head is None or payload is None:
             return None
-        return json.loads(bytes(head)), payload
+        header = json.loads(bytes(head))
+        if "shm" in header:
+            return header, self.in_buf.slice(0, header["shm"])
+        return header, payload
 
     def send(self, header: dict, payload=b"") -> None:
         for part in protocol.encode(header, payload):
@@ -187,7 +200,7 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
         reply: dict
         out_payload = b""
         try:
-            table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+            table = pa.ipc.open_stream(payload).read_all()
             src = header["source"]
             code = code_cache.get(src)
             if code is None:
@@ -208,14 +221,14 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
             del table, env
             if guard.violations or _State.limit_hit:
                 raise _Limit("late")  # caught by the snippet: still report it
-            reply, out_payload = _encode_result(result, limits)
+            reply, out_payload = _encode_result(result, limits, ch.out_buf if ch.shm_out else None)
         except BaseException as exc:  # everything the snippet does is reported, never fatal
             _State.in_snippet = False
             reply = _classify(exc, guard)
         ch.send(reply, out_payload)
 
 
-def _encode_result(result, limits: dict) -> tuple[dict, bytes]:
+def _encode_result(result, limits: dict, shm_out) -> tuple[dict, bytes]:
     if isinstance(result, pa.RecordBatch):
         result = pa.Table.from_batches([result])
     if not isinstance(result, pa.Table):
@@ -238,6 +251,16 @@ def _encode_result(result, limits: dict) -> tuple[dict, bytes]:
             f"returned {result.get_total_buffer_size()} bytes of Arrow data, over the output limit of {limits['output_bytes']}",
             None,
         ), b""
+    if shm_out is not None:
+        try:
+            out = pa.FixedSizeBufferWriter(shm_out)
+            with pa.ipc.new_stream(out, result.schema) as writer:
+                writer.write_table(result)
+            size = out.tell()
+            if size <= limits["output_bytes"]:
+                return {"status": "ok", "rows": result.num_rows, "shm": size}, b""
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError):
+            pass  # larger than the region: measured below, sent through the pipe if allowed
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, result.schema) as writer:
         writer.write_table(result)
@@ -266,12 +289,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jail")
     ap.add_argument("--uid", type=int)
     ap.add_argument("--gid", type=int)
+    ap.add_argument("--shm", help="in_fd,out_fd,size of the shared-memory regions")
     ap.add_argument("--max-memory", type=int, default=1 << 30)
     ap.add_argument("--cpu-budget", type=int, default=600)
     ap.add_argument("--no-restricted-python", action="store_true")
     ap.add_argument("--skip-layers", default="", help="comma-separated layers to skip (tests)")
     args = ap.parse_args(argv)
-    ch = _Channel(args.rfd, args.wfd)
+    ch = _Channel(args.rfd, args.wfd, args.shm)
     _prewarm()
     signal.signal(signal.SIGXCPU, _on_limit_signal)
     signal.signal(signal.SIGUSR1, _on_limit_signal)
