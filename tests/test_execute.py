@@ -488,3 +488,14 @@ def test_result_repr_is_short(tables) -> None:
     r = repr(res)
     assert r.startswith("<Result nearby_offers: ") and len(r) < 200 and "rows fetched" in r
     assert isinstance(Literal(1, "int"), Literal)
+
+
+def test_sort_below_project_single_source(tables, ref) -> None:
+    cat = world.catalog(tables)
+    plan = optimize(world.single_source_sorted_below_project(cat), cat)
+    res = execute(plan, {}, cat, binding="b")
+    expected = ref.execute(
+        "SELECT name FROM merchants WHERE status = 'active' ORDER BY id DESC LIMIT 3 OFFSET 1"
+    ).fetchall()
+    assert [(r["name"],) for r in res.table.to_pylist()] == expected
+    assert res.stats["sources"]["m"]["rows"] == 4  # limit + offset pushed into the scan

@@ -496,7 +496,7 @@ class _Run:
         b = SqlBuilder(self.params, self.now)
         rel = b.table(table)
         rel.exprmap = _exprmap(node.children()[0])
-        out = self._compile_unary(b, node, rel)
+        out = self._compile_unary(b, node, rel).materialized(b.alias())
         return b.run(out.sql)
 
     # ------------------------------------------------------------ DuckDB regions
@@ -504,7 +504,7 @@ class _Run:
         t0 = time.perf_counter()
         b = SqlBuilder(self.params, self.now)
         joins: list[tuple[Plan, Rel]] = []
-        rel = self._compile(b, node, joins)
+        rel = self._compile(b, node, joins).materialized(b.alias())
         try:
             table = b.run(rel.sql)
         except Exception as e:
@@ -532,8 +532,8 @@ class _Run:
             rel.exprmap = _exprmap(node)
             return rel
         if isinstance(node, Join):
-            left = self._compile(b, node.left, joins)
-            right = self._compile(b, node.right, joins)
+            left = self._compile(b, node.left, joins).materialized(b.alias())
+            right = self._compile(b, node.right, joins).materialized(b.alias())
             both = Rel("", left.names + right.names, {**left.exprmap, **right.exprmap})
             on = self._expr_sql(b, node.on, both)
             kind = "LEFT JOIN" if node.how == "left" else "JOIN"
@@ -550,18 +550,30 @@ class _Run:
 
     def _compile_unary(self, b: SqlBuilder, node: Plan, child: Rel) -> Rel:
         q = b.alias()
+        if isinstance(node, Project):
+            items = ", ".join(f"{self._expr_sql(b, e, child)} AS {_q(n)}" for n, e, _ in node.items)
+            order = f" ORDER BY {child.order}" if child.order else ""
+            return Rel(
+                f"SELECT {items} FROM ({child.sql}) AS {q}{order}",
+                [n for n, _, _ in node.items],
+                _exprmap(node),
+                ordered=bool(order),
+            )
+        if isinstance(node, Limit):
+            tail = f"LIMIT {int(node.n)} OFFSET {int(node.offset)}"
+            if child.order:
+                return Rel(f"SELECT * FROM ({child.sql}) AS {q} ORDER BY {child.order} {tail}", child.names, child.exprmap)
+            if child.ordered:
+                return Rel(f"{child.sql} {tail}", child.names, child.exprmap)
+            return Rel(f"SELECT * FROM ({child.sql}) AS {q} {tail}", child.names, child.exprmap)
+        child = child.materialized(b.alias())
+        if isinstance(node, Sort):
+            return Rel(child.sql, child.names, child.exprmap, order=self._sort_sql(b, node, child))
         if isinstance(node, Filter):
             return Rel(
                 f"SELECT * FROM ({child.sql}) AS {q} WHERE {self._expr_sql(b, node.predicate, child)}",
                 child.names,
                 child.exprmap,
-            )
-        if isinstance(node, Project):
-            items = ", ".join(f"{self._expr_sql(b, e, child)} AS {_q(n)}" for n, e, _ in node.items)
-            return Rel(
-                f"SELECT {items} FROM ({child.sql}) AS {q}",
-                [n for n, _, _ in node.items],
-                _exprmap(node),
             )
         if isinstance(node, Aggregate):
             items = [
@@ -576,30 +588,6 @@ class _Run:
             names = [n for n, _, _ in (*node.group_by, *node.aggregates)]
             return Rel(
                 f"SELECT {', '.join(items)} FROM ({child.sql}) AS {q}{group}", names, _exprmap(node)
-            )
-        if isinstance(node, Sort):
-            return Rel(
-                f"SELECT * FROM ({child.sql}) AS {q} ORDER BY {self._sort_sql(b, node, child)}",
-                child.names,
-                child.exprmap,
-            )
-        if isinstance(node, Limit):
-            # a Sort directly below is folded into this statement so the order is kept
-            src = node.input
-            if (
-                isinstance(src, Sort)
-                and child.sql.startswith("SELECT * FROM (")
-                and " ORDER BY " in child.sql
-            ):
-                return Rel(
-                    f"{child.sql} LIMIT {int(node.n)} OFFSET {int(node.offset)}",
-                    child.names,
-                    child.exprmap,
-                )
-            return Rel(
-                f"SELECT * FROM ({child.sql}) AS {q} LIMIT {int(node.n)} OFFSET {int(node.offset)}",
-                child.names,
-                child.exprmap,
             )
         if isinstance(node, Derive):
             items = ", ".join(f"{self._expr_sql(b, e, child)} AS {_q(n)}" for n, e, _ in node.items)

@@ -122,6 +122,16 @@ class Rel:
     sql: str
     names: list[str]
     exprmap: dict[Expr, str] = field(default_factory=dict)
+    #: an ORDER BY (over ``sql``'s columns) not applied yet: the next SELECT applies it, so
+    #: a Project or Limit above a Sort keeps the order within one statement
+    order: str | None = None
+    #: ``sql`` ends with ORDER BY: a LIMIT can be appended
+    ordered: bool = False
+
+    def materialized(self, alias: str) -> Rel:
+        if self.order is None:
+            return self
+        return Rel(f"SELECT * FROM ({self.sql}) AS {alias} ORDER BY {self.order}", self.names, self.exprmap, ordered=True)
 
 
 class SqlBuilder:

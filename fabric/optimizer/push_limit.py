@@ -1,7 +1,7 @@
 """Push a Limit (with the Sort under it) into a single-source Scan when that is safe.
 
-Safe means: between the Limit (or its Sort) and the Scan there are only row-preserving
-nodes (Project, Derive); the Scan has no inexact filter, no residual filter, no dynamic
+Safe means: between the Limit and the Scan there are only row-preserving nodes
+(Project, Derive, at most one Sort); the Scan has no inexact filter, no residual filter, no dynamic
 filter and no ``latest_by`` (every row the source returns is an answer row); the source
 declares the ``limit`` capability (and ``order_by`` when a Sort is pushed); and every
 sort key is a plain column of the source. The Scan gets ``limit = n + offset`` and the
@@ -42,14 +42,15 @@ def _visit(node: Plan, catalog: Any) -> Plan:
 
 def _push(limit: Limit, catalog: Any) -> Plan | None:
     keys: tuple[SortKey, ...] = ()
-    top = limit.input
-    if isinstance(top, Sort):
-        keys = top.keys
-        top = top.input
-    path: list[Plan] = []
-    node = top
-    while isinstance(node, Project | Derive):
-        path.append(node)
+    below_sort: list[Plan] = []  # the row-preserving nodes between the Sort and the Scan
+    node = limit.input
+    while isinstance(node, Project | Derive | Sort):
+        if isinstance(node, Sort):
+            if keys:
+                return None
+            keys, below_sort = node.keys, []
+        else:
+            below_sort.append(node)
         node = node.input
     if not isinstance(node, Scan):
         return None
@@ -61,7 +62,7 @@ def _push(limit: Limit, catalog: Any) -> Plan | None:
         return None
     mapped = []
     for k in keys:
-        col = _resolve(k.expr, path, scan)
+        col = _resolve(k.expr, below_sort, scan)
         if col is None:
             return None
         mapped.append(SortKey(Column(col), k.descending, k.nulls_first))
