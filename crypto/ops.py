@@ -501,6 +501,78 @@ def polyval(
     return _chebyshev(ctx, ev, ct, ap, "polyval", f"deg {ap.degree} on [{lo:g}, {hi:g}]")
 
 
+def power_depth(degree: int) -> int:
+    """Levels used by ``poly``: ``c_k x^k`` is computed as ``(c_k x) * x^(k-1)``."""
+    if degree <= 1:
+        return 1
+    return max(1, math.ceil(math.log2(degree - 1))) + 1
+
+
+def poly(ctx: PublicContext, enc: Any, coeffs: Sequence[float]) -> EncryptedVector:
+    """Element-wise ``c0 + c1 x + c2 x^2 + ...`` (power basis, the DSL's ``poly``).
+
+    Depth ``power_depth(degree)``: 1 for degree 1, 2 for degree 2-3 (fits ``n8192-s40``,
+    e.g. the classic sigmoid ``0.5 + 0.197x - 0.004x^3`` on [-5, 5]), 3 up to degree 5.
+    Large power-basis coefficients amplify CKKS noise; for an approximation on a range
+    prefer ``polyval`` (Chebyshev basis)."""
+    ev, ct = _load(ctx, enc)
+    c = np.asarray(coeffs, dtype=np.float64).ravel()
+    if c.size < 2 or not np.all(np.isfinite(c)):
+        raise ShapeError("poly: give at least two finite coefficients [c0, c1, ...]")
+    deg = int(np.max(np.flatnonzero(c))) if c[1:].any() else 0
+    if deg == 0:
+        raise ShapeError("poly: the polynomial is constant; nothing to compute under encryption")
+    depth = power_depth(deg)
+    _need(ctx, ev, ct, "poly", depth)
+    eng = ctx.engine
+    mask = _slots_of(ctx, ev, 1.0, "poly")
+    powers = {1: ct}  # x^k at depth ceil(log2 k)
+    for k in range(2, deg):
+        a = 2 ** int(math.log2(k - 1)) if k & (k - 1) else k // 2
+        powers[k] = eng.mul(powers[a], powers[k - a])
+    terms = []
+    for k in range(1, deg + 1):
+        if c[k] == 0.0:
+            continue
+        term = eng.mul_plain(ct, c[k] * mask)
+        terms.append(term if k == 1 else eng.mul(term, powers[k - 1]))
+    out = eng.add_many(terms)
+    if c[0]:
+        out = eng.add_plain(out, c[0] * mask)
+    record = OpRecord("poly", depth, f"deg {deg}")
+    return _result(ctx, ev, out, record, ev.depth + depth)
+
+
+def score_column(
+    ctx: PublicContext,
+    fn: str,
+    enc: Any,
+    arg: Any,
+    bias: float = 0.0,
+    *,
+    rows: int,
+) -> pa.ExtensionArray:
+    """One entry point for the executor's ``EncryptedScore`` node (DSL functions
+    ``dot``, ``weighted``, ``poly``), returning an encrypted column of ``rows`` cells.
+
+    * ``dot(ctx, col)`` / ``weighted(ctx, col, b)`` with a vector *column* (Arrow array of
+      vectors or 2-D array, one per row): packed ``score_dot`` (+ bias), one score per row.
+    * ``dot(ctx, [..])`` / ``weighted(ctx, [..], b)`` with one plain vector: a single
+      encrypted value shared by every row.
+    * ``poly(ctx, [c0, c1, ..])``: the element-wise polynomial, shared by every row.
+    """
+    if fn == "poly":
+        return broadcast(poly(ctx, enc, arg), rows)
+    if fn not in ("dot", "weighted"):
+        raise ValueError(f"unknown encrypted function {fn!r}; expected dot, weighted or poly")
+    is_column = isinstance(arg, pa.Array | pa.ChunkedArray) or np.ndim(arg) == 2
+    if is_column:
+        if len(arg) != rows:
+            raise ShapeError(f"{fn}: {len(arg)} vectors for {rows} rows")
+        return score_dot(ctx, enc, arg, bias=bias)
+    return broadcast(weighted(ctx, enc, arg, bias), rows)
+
+
 # ---------------------------------------------------------------------------- explain
 
 
@@ -512,6 +584,8 @@ def depth_of(op: str, degree: int | None = None) -> int:
         return 1
     if op in ("sigmoid", "threshold", "polyval"):
         return poly_depth(degree or 15)
+    if op == "poly":
+        return power_depth(degree or 1)
     raise ValueError(f"unknown encrypted operation {op!r}")
 
 
@@ -555,7 +629,10 @@ __all__ = [
     "multiply",
     "negate",
     "plan_info",
+    "poly",
     "polyval",
+    "power_depth",
+    "score_column",
     "score_dot",
     "score_dot_packed",
     "sigmoid",

@@ -253,3 +253,33 @@ def test_score_dot_over_a_chunked_arrow_embedding_column(ring, pub, rng) -> None
     q = unit(rng, 16)
     got = ring.decrypt(ops.score_dot(pub, ring.encrypt(q), table.column("embedding")))
     assert np.max(np.abs(got - cands.astype(np.float64) @ q)) <= BOUND
+
+
+@pytest.mark.parametrize(
+    ("coeffs", "depth"),
+    [([0.1, 0.5], 1), ([0.2, -0.3, 0.5], 2), ([0.5, 0.197, 0.0, -0.004], 2)],
+)
+def test_power_basis_poly_fits_the_default_set(ring, pub, rng, coeffs, depth) -> None:
+    x = rng.uniform(-1, 1, 5) * (5 if len(coeffs) == 4 else 1)
+    enc = ops.poly(pub, ring.encrypt(x), coeffs)
+    assert enc.depth == depth == ops.depth_of("poly", len(coeffs) - 1)
+    assert np.max(np.abs(ring.decrypt(enc) - np.polyval(coeffs[::-1], x))) <= BOUND
+    # Padding slots stay zero, so the result can be summed.
+    if depth == 1:
+        total = ring.decrypt(ops.total(pub, enc))[0]
+        assert total == pytest.approx(np.polyval(coeffs[::-1], x).sum(), abs=BOUND)
+
+
+def test_score_column_entry_point(ring, pub, rng) -> None:
+    ctx = rng.uniform(0, 1, 3)
+    enc = ring.encrypt(ctx)
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(rng.uniform(-1, 1, 12)), 3)
+    per_row = ring.decrypt(ops.score_column(pub, "weighted", enc, emb, 0.5, rows=4))
+    want = np.asarray(emb.flatten()).reshape(4, 3) @ ctx + 0.5
+    assert np.max(np.abs(per_row - want)) <= BOUND
+    shared = ops.score_column(pub, "dot", enc, [0.5, 0.3, 0.2], rows=3)
+    assert ring.decrypt(shared) == pytest.approx([ctx @ [0.5, 0.3, 0.2]] * 3, abs=BOUND)
+    polys = ring.decrypt(ops.score_column(pub, "poly", enc, [0.0, 2.0], rows=2))
+    assert polys[1] == pytest.approx(2 * ctx, abs=BOUND)
+    with pytest.raises(ShapeError, match="4 vectors for 5 rows"):
+        ops.score_column(pub, "dot", enc, emb, rows=5)
