@@ -28,7 +28,10 @@ _tmp: str | None = None
 def _tmpdir() -> str:
     global _tmp
     if _tmp is None or not os.path.isdir(_tmp):
-        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        base = None  # tmpfs when it has room for a few public contexts (containers: 64 MB)
+        if os.access("/dev/shm", os.W_OK):
+            st = os.statvfs("/dev/shm")
+            base = "/dev/shm" if st.f_bavail * st.f_frsize >= 512 * 2**20 else None
         _tmp = tempfile.mkdtemp(prefix="fabric-crypto-", dir=base)
         atexit.register(shutil.rmtree, _tmp, True)
     return _tmp
