@@ -126,7 +126,15 @@ def to_arrow(
                 if not all(is_constant(i) for i in x.items):
                     raise NotTranslatable(f"'in' list with column references: {x}")
                 values = [eval_constant(i, params, now) for i in x.items]
-            r = pc.is_in(go(x.expr), value_set=pa.array([_scalar(v) for v in values]))
+            target = go(x.expr)
+            nonnull = [_scalar(v) for v in values if v is not None]
+            if not values:
+                r = pc.scalar(False)
+                return ~r if x.negated else r
+            r = pc.is_in(target, value_set=pa.array(nonnull)) if nonnull else pc.scalar(False)
+            # SQL: a null operand, or no match in a list holding a null, is unknown (null)
+            unknown = pc.is_null(target) if len(nonnull) == len(values) else pc.is_null(target) | ~r
+            r = pc.if_else(unknown, pa.scalar(None, pa.bool_()), r)
             return ~r if x.negated else r
         if isinstance(x, Between):
             r = (go(x.expr) >= go(x.low)) & (go(x.expr) <= go(x.high))

@@ -210,19 +210,31 @@ class S3Source(Source):
             fmt = ds.ParquetFileFormat()
         elif self.format == "csv":
             delim = "\t" if files[0].path.endswith(".tsv") else self.options.get("delimiter", ",")
-            fmt = ds.CsvFileFormat(parse_options=pa.csv.ParseOptions(delimiter=delim))
+            fmt = ds.CsvFileFormat(
+                parse_options=pa.csv.ParseOptions(delimiter=delim),
+                convert_options=pa.csv.ConvertOptions(
+                    strings_can_be_null=True
+                ),  # empty field = null
+            )
         else:
             fmt = ds.JsonFileFormat()
         hive = any("=" in seg for f in files for seg in f.path[len(base) :].split("/")[:-1])
         declared = self.options.get("schema")
         try:
-            dataset = ds.dataset(
-                [f.path for f in files],
-                filesystem=self.conn.fs,
-                format=fmt,
-                partitioning=ds.HivePartitioning.discover(infer_dictionary=False) if hive else None,
-                partition_base_dir=base if hive else None,
-            )
+
+            def make(schema: pa.Schema | None = None) -> ds.FileSystemDataset:
+                return ds.dataset(
+                    [f.path for f in files],
+                    schema=schema,
+                    filesystem=self.conn.fs,
+                    format=fmt,
+                    partitioning=ds.HivePartitioning.discover(infer_dictionary=False)
+                    if hive
+                    else None,
+                    partition_base_dir=base if hive else None,
+                )
+
+            dataset = make()
             if declared:
                 want = schema_from_spec(declared)
                 fields = [
@@ -230,7 +242,7 @@ class S3Source(Source):
                     for n in dataset.schema.names
                 ]
                 fields += [f for f in want if f.name not in dataset.schema.names]
-                dataset = dataset.replace_schema(pa.schema(fields))
+                dataset = make(pa.schema(fields))  # files are read (and converted) into it
         except (OSError, pa.ArrowException) as exc:
             raise self.conn.error(exc, self.obj) from exc
         self._files, self._dataset, self._stats, self._fmt = files, dataset, None, fmt

@@ -413,7 +413,7 @@ class _Translator:
         if e.case_insensitive:
             a, p = sa.func.lower(a), sa.func.lower(p)
         if self.src.mysql:
-            r = sa.and_(a.like(p), self._binary(a, ta).like(p))
+            r = sa.and_(a.like(p), self._binary(a, ta).op("LIKE", is_comparison=True)(p))
         else:
             r = a.like(p)
         return sa.not_(r) if e.negated else r
