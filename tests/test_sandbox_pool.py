@@ -221,3 +221,40 @@ def test_both_transports_round_trip_and_big_inputs_fall_back_to_the_pipe(transpo
         assert p.run("def run(t):\n    return t\n", small, binding="echo").equals(small)
         with pytest.raises(SandboxViolation, match="over the output limit"):
             p.run("def run(t):\n    return t\n", big, binding="echo_big")
+
+
+def test_one_snippet_cannot_poison_library_state_for_the_next():
+    """Workers are shared between bindings: patched classes are violations, settings reset."""
+    t = pa.table({"w": ["a", "b", "b"]})
+    count = (
+        "import collections\nimport pyarrow as pa\n"
+        "def run(table):\n"
+        "    top = collections.Counter(table['w'].to_pylist()).most_common(1)[0][0]\n"
+        "    return pa.table({'top': [top]})\n"
+    )
+    with SandboxPool(size=1, limits=FAST) as p:
+        patch = (
+            "import collections\n"
+            "def run(table):\n"
+            "    C = collections.Counter\n"
+            "    C.most_common = lambda self, n=None: [('evil', 1)]\n"
+            "    return table\n"
+        )
+        with pytest.raises(
+            SandboxViolation, match=r"modified shared library state \(collections.Counter\)"
+        ):
+            p.run(patch, t, binding="poison")
+        assert p.run(count, t, binding="victim")["top"].to_pylist() == ["b"]
+        with pytest.raises(SandboxViolation, match=r"numpy\.sctypeDict"):
+            p.run(
+                "import numpy as np\ndef run(table):\n    np.sctypeDict['float64'] = np.int8\n    return table\n",
+                t,
+                binding="poison2",
+            )
+        divide = "import decimal\nimport pyarrow as pa\ndef run(table, prec=None):\n    if prec:\n        decimal.getcontext().prec = prec\n    return pa.table({'x': [str(decimal.Decimal(1) / decimal.Decimal(7))]})\n"
+        assert p.run(divide, t, params={"prec": 2}, binding="p2")["x"][0].as_py() == "0.14"
+        assert p.run(divide, t, binding="p28")["x"][0].as_py() == "0.1428571428571428571428571429"
+        np_err = "import numpy as np\nimport pyarrow as pa\ndef run(table, set_raise=False):\n    if set_raise:\n        np.seterr(all='raise')\n    return pa.table({'x': [float(np.float64(1) / np.float64(0))]})\n"
+        with pytest.raises(SandboxRuntimeError, match="FloatingPointError"):
+            p.run(np_err, t, params={"set_raise": True}, binding="raise")
+        assert p.run(np_err, t, binding="after")["x"][0].as_py() == float("inf")

@@ -55,7 +55,9 @@ class _Expired(Exception):
 class _Worker:
     """One worker process and the fabric's end of its two pipes."""
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str], start_timeout: float, shm_bytes: int = 0):
+    def __init__(
+        self, argv: Sequence[str], env: dict[str, str], start_timeout: float, shm_bytes: int = 0
+    ):
         self.shm_in = self.shm_out = None
         shm_fds: list[int] = []
         if shm_bytes:

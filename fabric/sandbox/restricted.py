@@ -177,3 +177,75 @@ def _missing(modname: str, guard: Guard):
 
 def _discard(*args, **kwargs) -> None:
     """``print`` in a snippet: output is not collected (the result is the table)."""
+
+
+_IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
+
+
+class SharedState:
+    """Library state one snippet could change for the snippets after it in the same worker.
+
+    Workers are shared between bindings, so a snippet that patched, say,
+    ``collections.Counter.most_common`` or set ``decimal.getcontext().prec`` would affect
+    other agents' results.  Per-call settings (decimal context, numpy error and print
+    options) are reset before every call; mutable classes and containers of the allowed
+    modules are compared with a snapshot after it, and a change is a violation (the worker
+    is then replaced).
+    """
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        classes: dict[int, type] = {}
+        self.containers: list[tuple[str, object, object]] = []
+        for modname, names in _FILTERED.items():
+            for key, value in names.items():
+                if isinstance(value, type):
+                    for cls in value.__mro__:
+                        if cls is not object and not cls.__flags__ & _IMMUTABLE_TYPE:
+                            classes[id(cls)] = cls
+                elif isinstance(value, dict | list | set):
+                    self.containers.append((f"{modname}.{key}", value, _copy(value)))
+        self.classes = [(cls, dict(vars(cls))) for cls in classes.values()]
+        self.np_err = np.geterr()
+        self.np_print = np.get_printoptions()
+
+    def reset(self) -> None:
+        import decimal
+
+        import numpy as np
+
+        decimal.setcontext(decimal.Context())
+        if np.geterr() != self.np_err:
+            np.seterr(**self.np_err)
+        if np.get_printoptions() != self.np_print:
+            np.set_printoptions(**self.np_print)
+
+    def tampered(self, check_classes: bool) -> str | None:
+        """Name of the first shared object that differs from its snapshot, if any."""
+        for name, obj, snapshot in self.containers:
+            if obj != snapshot:
+                return name
+        if check_classes:
+            for cls, snapshot in self.classes:
+                if vars(cls) != snapshot:
+                    return f"{cls.__module__}.{cls.__qualname__}"
+        return None
+
+
+def _copy(value):
+    return {k: v for k, v in value.items()} if isinstance(value, dict) else type(value)(value)
+
+
+def stores_attributes(source: str) -> bool:
+    """True when the snippet assigns or deletes attributes (``x.a = ...``)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return True
+    return any(
+        isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store | ast.Del)
+        for n in ast.walk(tree)
+    )

@@ -187,7 +187,8 @@ def _cpu_used() -> float:
 
 
 def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
-    code_cache: dict[str, object] = {}
+    code_cache: dict[str, tuple[object, bool]] = {}
+    shared = restricted.SharedState()
     base_depth = len(_stack_depth())
     while True:
         msg = ch.recv()
@@ -196,18 +197,21 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
         header, payload = msg
         limits = header["limits"]
         guard = Guard()
+        cached = None
         _State.limit_hit = None
         reply: dict
         out_payload = b""
         try:
             table = pa.ipc.open_stream(payload).read_all()
             src = header["source"]
-            code = code_cache.get(src)
-            if code is None:
-                code = compile(src, SNIPPET_FILE, "exec")
+            cached = code_cache.get(src)
+            if cached is None:
+                cached = compile(src, SNIPPET_FILE, "exec"), restricted.stores_attributes(src)
                 if len(code_cache) > 64:
                     code_cache.clear()
-                code_cache[src] = code
+                code_cache[src] = cached
+            code = cached[0]
+            shared.reset()
             env = restricted.namespace(guard) if restricted_python else {"__name__": "pushdown"}
             call_limits.apply(limits)
             sys.setrecursionlimit(base_depth + 50 + int(limits["max_recursion"]))
@@ -225,6 +229,13 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
         except BaseException as exc:  # everything the snippet does is reported, never fatal
             _State.in_snippet = False
             reply = _classify(exc, guard)
+        if restricted_python:
+            changed = shared.tampered(check_classes=True if cached is None else cached[1])
+            if changed:
+                reply, out_payload = (
+                    _error("violation", f"modified shared library state ({changed})", None),
+                    b"",
+                )
         ch.send(reply, out_payload)
 
 
