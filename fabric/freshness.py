@@ -295,7 +295,7 @@ class FreshnessTracker:
             bindings: dict[str, Any] = {}
             for b, names in sorted(self._bindings.items()):
                 state, since = self._binding_state[b]
-                stale_sources = [n for n in names if self._machine(b, n).state == STALE]
+                stale_sources = [n for n in names if self._stale_for(b, n)]
                 lags_m = [srcs[n].lag_messages or 0 for n in names]
                 lags_s = [srcs[n].lag_seconds or 0.0 for n in names]
                 bindings[b] = {
@@ -443,8 +443,10 @@ class FreshnessTracker:
     def _readers(self, source: str) -> list[str]:
         return [b for b, srcs in self._bindings.items() if source in srcs]
 
-    def _machine(self, binding: str, source: str) -> StateMachine:
-        return self._overrides.get((binding, source)) or self._sources[source].machine
+    def _stale_for(self, binding: str, source: str) -> bool:
+        """Stale for this binding: the source is stale, or past the binding's own bound."""
+        own = self._overrides.get((binding, source))
+        return self._sources[source].machine.state == STALE or (own is not None and own.state == STALE)
 
     def _rate(self, s: _Src, now: float) -> float:
         while s.window and s.window[0][0] < now - self.rate_window:
@@ -505,7 +507,7 @@ class FreshnessTracker:
         for b, names in self._bindings.items():
             if any(n not in self._sources for n in names):
                 continue
-            state = STALE if any(self._machine(b, n).state == STALE for n in names) else FRESH
+            state = STALE if any(self._stale_for(b, n) for n in names) else FRESH
             old = self._binding_state.get(b)
             if old is None or old[0] != state:
                 self._binding_state[b] = (state, now)

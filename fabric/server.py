@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -283,10 +284,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         srv.url,
     )
     print(f"fabric serve: listening on {srv.url} at {iso(time.time())}", flush=True)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("fabric serve: signal %d, shutting down (final checkpoint)", signum)
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        srv.server.run(sockets=[srv.sock])
+        srv.start()
+        while not stop.wait(0.5):
+            if not srv.thread.is_alive():
+                print("fabric serve: the HTTP server stopped unexpectedly", file=sys.stderr)
+                return 1
     finally:
+        srv.stop()
         service.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
     return 0
 
 

@@ -1,0 +1,356 @@
+"""Materialize the datasets declared in fabric.yaml, and run their Kafka ingestion.
+
+``DatasetManager`` creates each dataset (or loads it from its newest checkpoint under the
+state directory, ``.fabric/state/<name>`` next to fabric.yaml by default) and, for
+``from: kafka://<connection>/<topic>``, runs a ``KafkaIngestor`` in a consumer group named
+``<group_prefix>.<config name>.<dataset>`` (config name: the directory holding fabric.yaml).
+
+``FabricService`` is what ``fabric serve`` runs: the manager, a ``FreshnessTracker`` that
+knows which bindings read which sources, and a ``SignalEmitter`` pushing transitions and
+heartbeats to the configured targets.
+
+Source names in the tracker (and so in ``/v1/freshness``): a dataset's name (``news``) for
+a materialized dataset (bindings read it as ``dataset://news``), the URI otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from dsl.errors import did_you_mean
+from fabric.freshness import FreshnessTracker
+from fabric.ingest import checkpoint
+from fabric.ingest.kafka import IngestOptions, KafkaIngestor
+from fabric.signals import SignalEmitter, Thresholds
+
+log = logging.getLogger("fabric.datasets")
+
+
+@dataclass(frozen=True)
+class DatasetDecl:
+    """What the manager needs of one ``datasets:`` entry (fabric.config.DatasetConfig maps onto it)."""
+
+    name: str
+    schema: pa.Schema
+    key: str
+    indexes: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # column -> 'btree' | {'kind': 'hnsw', ...}
+    from_uri: str | None = None  # kafka://<connection>/<topic>, or None (filled through upsert)
+
+    def kafka_feed(self) -> tuple[str, str] | None:
+        """(connection, topic) when fed from Kafka."""
+        if not self.from_uri or not self.from_uri.startswith("kafka://"):
+            return None
+        conn, _, topic = self.from_uri[len("kafka://") :].partition("/")
+        if not conn or not topic:
+            raise ValueError(
+                f"dataset {self.name}: from {self.from_uri!r} must look like kafka://<connection>/<topic>"
+            )
+        return conn, topic
+
+    @classmethod
+    def from_config(cls, d: Any) -> DatasetDecl:
+        if not d.key:
+            raise ValueError(
+                f"dataset {d.name}: a materialized dataset needs 'key:' (the column rows are upserted by)"
+            )
+        indexes = {i.column: {"kind": i.kind, **_index_options(i.options)} for i in d.indexes}
+        return cls(d.name, d.schema, d.key, indexes, d.from_uri)
+
+
+def _index_options(opts: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in opts.items() if k in ("metric", "M", "ef_construction", "ef")}
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "fabric"
+
+
+class DatasetManager:
+    def __init__(
+        self,
+        decls: Iterable[DatasetDecl],
+        *,
+        connections: Mapping[str, Mapping[str, Any]] | None = None,
+        state_dir: str | Path = ".fabric/state",
+        tracker: FreshnessTracker | None = None,
+        config_name: str = "fabric",
+        group_prefix: str = "fabric",
+        batch_size: int = 5000,
+        checkpoint_interval: float = 10.0,
+        thresholds: Mapping[str, Thresholds] | None = None,
+    ):
+        self.decls = {d.name: d for d in decls}
+        self.connections = {k: dict(v) for k, v in (connections or {}).items()}
+        self.state_dir = Path(state_dir)
+        self.tracker = tracker
+        self.config_name = _safe(config_name)
+        self.group_prefix = group_prefix
+        self.batch_size = batch_size
+        self.checkpoint_interval = checkpoint_interval
+        self.thresholds = dict(thresholds or {})
+        self.datasets: dict[str, Any] = {}
+        self.ingestors: dict[str, KafkaIngestor] = {}
+        self._offsets: dict[str, dict[int, int]] = {}
+        for d in self.decls.values():  # fail early, before anything starts
+            feed = d.kafka_feed()
+            if feed and feed[0] not in self.connections:
+                raise ValueError(
+                    f"dataset {d.name}: unknown connection {feed[0]!r} in {d.from_uri}; "
+                    + did_you_mean(feed[0], self.connections, "connections")
+                )
+
+    # ------------------------------------------------------------------ datasets
+
+    def open(self) -> DatasetManager:
+        """Create or load every dataset (no ingestion yet)."""
+        for d in self.decls.values():
+            if d.name not in self.datasets:
+                self.datasets[d.name] = self._load_or_create(d)
+        return self
+
+    def _load_or_create(self, d: DatasetDecl) -> Any:
+        from indexes.dataset import Dataset
+
+        sdir = self.state_dir / d.name
+        ck = checkpoint.latest(sdir)
+        if ck is not None:
+            ds = Dataset.load(str(ck.dataset_dir))
+            if ds.schema.remove_metadata() == d.schema.remove_metadata() and ds.key == d.key:
+                self._offsets[d.name] = dict(ck.offsets)
+                log.info("dataset %s: loaded checkpoint %s (%d rows)", d.name, ck.path, ds.count())
+                return ds
+            if d.kafka_feed() is None:
+                raise ValueError(
+                    f"dataset {d.name}: the saved copy in {sdir} has a different schema or key than fabric.yaml; "
+                    f"it is not fed from Kafka, so it cannot be rebuilt: restore the old declaration, "
+                    f"or move {sdir} away to start empty"
+                )
+            aside = sdir.with_name(f"{d.name}.replaced-{int(time.time())}")
+            log.warning(
+                "dataset %s: schema/key changed; moving %s to %s and rebuilding from %s",
+                d.name,
+                sdir,
+                aside,
+                d.from_uri,
+            )
+            shutil.move(str(sdir), str(aside))
+        return Dataset.create(d.name, d.schema, d.key, dict(d.indexes))
+
+    def dataset(self, name: str) -> Any:
+        try:
+            return self.datasets[name]
+        except KeyError:
+            raise KeyError(
+                f"unknown dataset {name!r}; " + did_you_mean(name, self.decls, "datasets")
+            ) from None
+
+    def group_id(self, name: str) -> str:
+        return f"{self.group_prefix}.{self.config_name}.{name}"
+
+    # ------------------------------------------------------------------ ingestion
+
+    def start(self) -> DatasetManager:
+        """Open the datasets and start one ingestor per Kafka-fed dataset."""
+        self.open()
+        for d in self.decls.values():
+            feed = d.kafka_feed()
+            if feed is None or d.name in self.ingestors:
+                continue
+            conn, topic = feed
+            copts = self.connections[conn]
+            bootstrap = copts.get("bootstrap") or copts.get("bootstrap.servers")
+            if not bootstrap:
+                raise ValueError(
+                    f"connection {conn}: kafka connections need 'bootstrap: host:port' (used by dataset {d.name})"
+                )
+            extra = copts.get("options") or {}
+            opts = IngestOptions(
+                bootstrap=bootstrap,
+                topic=topic,
+                group_id=f"{copts.get('group_prefix') or self.group_prefix}.{self.config_name}.{d.name}",
+                batch_size=self.batch_size,
+                checkpoint_interval=self.checkpoint_interval,
+                consumer_config=dict(extra),
+            )
+            if self.tracker is not None:
+                self.tracker.register_source(d.name, self.thresholds.get(d.name), uri=d.from_uri)
+            ing = KafkaIngestor(
+                d.name,
+                self.datasets[d.name],
+                opts,
+                tracker=self.tracker,
+                state_dir=self.state_dir / d.name,
+                start_offsets=self._offsets.get(d.name),
+            )
+            self.ingestors[d.name] = ing.start()
+        return self
+
+    def wait_caught_up(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(
+            i.wait_caught_up(max(0.0, deadline - time.monotonic())) for i in self.ingestors.values()
+        )
+
+    def save(self, name: str) -> checkpoint.Checkpoint:
+        """Checkpoint a dataset filled through upsert (Kafka-fed ones checkpoint themselves)."""
+        if name in self.ingestors:
+            raise ValueError(
+                f"dataset {name} is fed from Kafka; its ingestor writes its checkpoints"
+            )
+        return checkpoint.write(
+            self.state_dir / name, self.dataset(name).save, {}, {"dataset": name}
+        )
+
+    def stop(self, checkpoint_now: bool = True) -> None:
+        for ing in self.ingestors.values():
+            ing.stop(checkpoint_now=checkpoint_now)
+        self.ingestors.clear()
+
+
+def bindings_from_specs(
+    specs: Iterable[Any], dataset_names: Iterable[str]
+) -> tuple[dict[str, list[str]], dict[tuple[str, str], Thresholds]]:
+    """binding -> source names, and the bindings' own bounds (``freshness: {max_lag, ...}``)."""
+    names = set(dataset_names)
+    reads: dict[str, list[str]] = {}
+    overrides: dict[tuple[str, str], Thresholds] = {}
+    for b in specs:
+        for s in b.sources:
+            src = source_name(s.uri, names)
+            reads.setdefault(b.name, []).append(src)
+            f = s.freshness
+            if f is not None and (f.max_lag_seconds is not None or f.max_lag_messages is not None):
+                overrides[(b.name, src)] = Thresholds(
+                    lag_messages=f.max_lag_messages, lag_seconds=f.max_lag_seconds
+                )
+    return reads, overrides
+
+
+def source_name(uri: str, datasets: Iterable[str] = ()) -> str:
+    """``dataset://news`` -> ``news``; other URIs stay as they are."""
+    if uri.startswith("dataset://"):
+        return uri[len("dataset://") :]
+    return uri
+
+
+class FabricService:
+    """Datasets + ingestion + freshness tracking + pushed signals: what ``fabric serve`` runs."""
+
+    def __init__(
+        self,
+        manager: DatasetManager,
+        tracker: FreshnessTracker,
+        emitter: SignalEmitter | None = None,
+        heartbeat: float | None = 5.0,
+    ):
+        self.manager = manager
+        self.tracker = tracker
+        self.emitter = emitter
+        self.heartbeat = heartbeat
+        self.started_at: float | None = None
+        if emitter is not None:
+            tracker.listen(emitter.emit)
+
+    @classmethod
+    def from_config(
+        cls, cfg: Any, *, state_dir: str | Path | None = None, with_bindings: bool = True
+    ) -> FabricService:
+        """From a ``fabric.config.FabricConfig``."""
+        sig = cfg.signals
+        ratio = getattr(sig, "hysteresis", 0.5)
+        default = Thresholds(
+            sig.stale_when.lag_messages, sig.stale_when.lag_seconds, recover_ratio=ratio
+        )
+        tracker = FreshnessTracker(default)
+        decls = [DatasetDecl.from_config(d) for d in cfg.datasets.values()]
+        per_source: dict[str, Thresholds] = {}
+        for uri, sw in getattr(sig, "sources", {}).items():
+            t = Thresholds(sw.lag_messages, sw.lag_seconds, recover_ratio=ratio)
+            per_source[uri] = t
+            for d in decls:  # a dataset can be named by its URI or by the topic it is fed from
+                if uri in (f"dataset://{d.name}", d.from_uri, d.name):
+                    per_source[d.name] = t
+        root = Path(cfg.root)
+        sdir = (
+            Path(state_dir)
+            if state_dir
+            else (cfg.ingest.checkpoint_dir or root / ".fabric" / "state")
+        )
+        if not Path(sdir).is_absolute():
+            sdir = root / sdir
+        manager = DatasetManager(
+            decls,
+            connections={n: dict(c.options) for n, c in cfg.connections.items()},
+            state_dir=sdir,
+            tracker=tracker,
+            config_name=root.name,
+            group_prefix=cfg.ingest.group_prefix,
+            batch_size=cfg.ingest.batch_size,
+            thresholds=per_source,
+        )
+        for d in decls:
+            if d.kafka_feed():
+                tracker.register_source(d.name, per_source.get(d.name), uri=d.from_uri)
+        if with_bindings:
+            from dsl.loader import load_file
+
+            specs = [b for f in cfg.binding_files() for b in load_file(f)]
+            reads, overrides = bindings_from_specs(specs, [d.name for d in decls])
+            for srcs in reads.values():
+                for s in srcs:
+                    kafka_fed = s in manager.decls and manager.decls[s].kafka_feed() is not None
+                    tracker.register_source(
+                        s, per_source.get(s), kind="kafka" if kafka_fed else "live", uri=s
+                    )
+            tracker.set_bindings(reads, overrides)
+        emitter = (
+            SignalEmitter(sig.targets, http_timeout=getattr(sig, "timeout_seconds", 2.0))
+            if sig.targets
+            else None
+        )
+        return cls(manager, tracker, emitter, heartbeat=sig.heartbeat_seconds)
+
+    @classmethod
+    def from_config_file(cls, path: str | Path, **kw: Any) -> FabricService:
+        from fabric.config import load_config
+
+        return cls.from_config(load_config(Path(path)), **kw)
+
+    def start(self) -> FabricService:
+        self.manager.start()
+        self.tracker.start(heartbeat=self.heartbeat)
+        self.started_at = time.time()
+        return self
+
+    def stop(self) -> None:
+        self.tracker.stop()
+        self.manager.stop()
+        if self.emitter is not None:
+            self.emitter.close()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "datasets": {n: ds.count() for n, ds in self.manager.datasets.items()},
+            "ingestors": {
+                n: {
+                    "group": i.options.group_id,
+                    "topic": i.options.topic,
+                    **vars(i.stats),
+                    "offsets": i.next_offsets,
+                }
+                for n, i in self.manager.ingestors.items()
+            },
+            "signals": self.emitter.stats() if self.emitter is not None else {},
+            "started_at": self.started_at,
+        }

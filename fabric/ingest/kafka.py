@@ -1,0 +1,609 @@
+"""Kafka -> indexed dataset, one consumer group per dataset, exactly-once *state*.
+
+The loop, per batch of up to ``batch_size`` messages:
+
+1. split the batch: tombstones (null value; the message key names the row to delete),
+   oversized values, and values to decode (``JsonDecoder``); messages that fail to decode,
+   violate the schema or carry no key go to the dead-letter sink with their partition,
+   offset and error;
+2. per key, only the last operation of the batch counts (an upsert followed by a
+   tombstone deletes; a tombstone followed by an upsert inserts);
+3. ``dataset.delete(keys)`` and ``dataset.upsert(rows)``: every index holds the data when
+   they return;
+4. only then: dead letters are flushed, the offsets are committed to the group, and the
+   tracker learns the new position;
+5. every ``checkpoint_interval`` seconds: ``dataset.save`` + the next offsets per partition,
+   atomically (``checkpoint.write``).
+
+Restart (``kill -9`` included): the dataset is loaded from the newest checkpoint and each
+partition is assigned at the checkpoint's offset (not the group's committed offset, which
+may be ahead: those messages are in no snapshot). Messages between the checkpoint and the
+crash are applied again; since every operation is an upsert or delete *by key* and a
+partition replays in order, the final state equals the state of one clean pass. With no
+checkpoint, ingestion starts at the beginning of each partition.
+
+Broker down: the loop keeps running (the dataset keeps serving reads), the source is
+marked stale with the error, librdkafka reconnects with backoff, and consumption resumes
+from the in-memory positions. The ingestor assigns every partition itself (the dataset is
+a full replica of the topic; a group rebalance would split partitions between processes)
+and commits to its group, so tools that read group lag see it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from fabric.freshness import FreshnessTracker
+from fabric.ingest import checkpoint
+from fabric.ingest.decode import JsonDecoder
+
+log = logging.getLogger("fabric.ingest")
+
+
+class DatasetLike(Protocol):
+    name: str
+    key: str
+    schema: pa.Schema
+
+    def upsert(self, table: pa.Table | pa.RecordBatch) -> int: ...
+    def delete(self, keys: Any) -> int: ...
+    def count(self) -> int: ...
+    def save(self, directory: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    bootstrap: str
+    topic: str
+    group_id: str
+    batch_size: int = 5000
+    poll_timeout: float = 0.1
+    max_message_bytes: int = 1 << 20
+    checkpoint_interval: float = 10.0  # seconds; 0 = only on stop()
+    lag_interval: float = 0.5  # seconds between watermark queries
+    dead_letter: str = "topic"  # "topic" (<topic>.dlq), "log:<path>" (JSON lines) or "none"
+    consumer_config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.topic}.dlq"
+
+
+@dataclass
+class IngestStats:
+    applied: int = 0  # messages consumed and held by the dataset (incl. tombstones, dead letters)
+    upserted: int = 0
+    deleted: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+    checkpoints: int = 0
+    last_checkpoint_at: float | None = None
+    errors: int = 0
+
+
+class DeadLetterSink:
+    """``<topic>.dlq`` on the same cluster (headers carry where and why), or a JSON-lines file."""
+
+    def __init__(self, options: IngestOptions, dataset: str):
+        self.options = options
+        self.dataset = dataset
+        self.mode = options.dead_letter
+        self.recent: deque[dict[str, Any]] = deque(maxlen=100)
+        self._producer: Producer | None = None
+        self._failed: list[dict[str, Any]] = []
+        self._log_path: Path | None = None
+        if self.mode.startswith("log:"):
+            self._log_path = Path(self.mode[4:])
+        elif self.mode not in ("topic", "none"):
+            raise ValueError(
+                f"dataset {dataset}: dead_letter {self.mode!r} is not 'topic', 'none' or 'log:<path>'"
+            )
+
+    def _ensure_topic(self) -> None:
+        admin = AdminClient({"bootstrap.servers": self.options.bootstrap})
+        fut = admin.create_topics(
+            [NewTopic(self.options.dlq_topic, num_partitions=1, replication_factor=1)]
+        )
+        for f in fut.values():
+            try:
+                f.result(10)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
+    def send(self, msg: Any, error: str) -> None:
+        record = {
+            "dataset": self.dataset,
+            "topic": msg.topic(),
+            "partition": msg.partition(),
+            "offset": msg.offset(),
+            "error": error,
+            "at": time.time(),
+        }
+        self.recent.append(record)
+        if self.mode == "none":
+            return
+        if self._log_path is not None:
+            self._write_log(record, msg)
+            return
+        if self._producer is None:
+            try:
+                self._ensure_topic()
+            except Exception as exc:  # fall back to the log below; never stop ingestion
+                log.warning("dead-letter topic %s: %s", self.options.dlq_topic, exc)
+            self._producer = Producer({"bootstrap.servers": self.options.bootstrap, "linger.ms": 5})
+        headers = [(f"fabric.{k}", str(v).encode()) for k, v in record.items() if k != "at"]
+
+        def delivered(err: Any, _m: Any, record: dict[str, Any] = record, msg: Any = msg) -> None:
+            if err is not None:
+                record = {**record, "dlq_error": str(err)}
+                self._failed.append({"record": record, "msg": msg})
+
+        self._producer.produce(
+            self.options.dlq_topic,
+            value=msg.value(),
+            key=msg.key(),
+            headers=headers,
+            on_delivery=delivered,
+        )
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Before offsets are committed: every dead letter is delivered or logged."""
+        if self._producer is not None:
+            left = self._producer.flush(timeout)
+            if left:
+                log.warning("%d dead letters not delivered to %s", left, self.options.dlq_topic)
+        for item in self._failed:
+            path = Path(".fabric") / "dead-letters.jsonl"
+            self._write_log(item["record"], item["msg"], path)
+        self._failed.clear()
+
+    def _write_log(self, record: dict[str, Any], msg: Any, path: Path | None = None) -> None:
+        path = path or self._log_path
+        assert path is not None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        value = msg.value()
+        key = msg.key()
+        line = {
+            **record,
+            "key": None if key is None else key.decode("utf-8", "replace"),
+            "value": None if value is None else value[:65536].decode("utf-8", "replace"),
+        }
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def key_parser(t: pa.DataType, dataset: str) -> Callable[[bytes], Any]:
+    """Message key bytes -> a value of the key column's type (for tombstones)."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return lambda b: b.decode("utf-8")
+    if pa.types.is_integer(t):
+        return lambda b: int(b.decode("ascii").strip())
+    if pa.types.is_binary(t):
+        return bytes
+
+    def parse(b: bytes) -> Any:
+        return pa.scalar(json.loads(b), t).as_py()
+
+    return parse
+
+
+class KafkaIngestor:
+    """Feeds one dataset from one topic in a background thread (or ``run_until`` in the caller's)."""
+
+    def __init__(
+        self,
+        source: str,
+        dataset: DatasetLike,
+        options: IngestOptions,
+        *,
+        tracker: FreshnessTracker | None = None,
+        state_dir: Path | None = None,
+        start_offsets: Mapping[int, int] | None = None,
+        on_checkpoint: Callable[[checkpoint.Checkpoint], None] | None = None,
+    ):
+        self.source = source
+        self.dataset = dataset
+        self.options = options
+        self.tracker = tracker
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+        self.on_checkpoint = on_checkpoint
+        self.next_offsets: dict[int, int] = dict(start_offsets or {})
+        self.start_offsets = dict(self.next_offsets)
+        self.decoder = JsonDecoder(dataset.schema)
+        self.parse_key = key_parser(dataset.schema.field(dataset.key).type, dataset.name)
+        self.dlq = DeadLetterSink(options, dataset.name)
+        self.stats = IngestStats()
+        self.lag_messages: int | None = None  # measured, then moved down by what is applied
+        self._exact_lag: int | None = None  # the last measurement, None once a batch is applied
+        self.partitions: list[int] = []
+        self._assigned: set[int] = set()
+        self.last_error: str | None = None
+        self._consumer: Consumer | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dirty = False
+        self._last_ckpt = time.monotonic()
+        self._next_lag = 0.0
+        self._lag_backoff = options.lag_interval
+        self._md_at = 0.0
+        self._applied_cond = threading.Condition()
+        if tracker is not None:
+            tracker.register_source(source, uri=f"kafka://{options.topic}")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> KafkaIngestor:
+        self._thread = threading.Thread(
+            target=self._run_safely, name=f"fabric-ingest-{self.source}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, checkpoint_now: bool = True, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if checkpoint_now and self._dirty:
+            self.checkpoint()
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception as exc:
+                log.debug("closing consumer: %s", exc)
+            self._consumer = None
+
+    def run_until(
+        self, done: Callable[[KafkaIngestor], bool], timeout: float | None = None
+    ) -> bool:
+        """Run the loop in this thread until ``done(self)`` or ``timeout``; True if done."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._open()
+        while not self._stop.is_set():
+            if done(self):
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            self.step()
+        return False
+
+    def caught_up(self) -> bool:
+        """The last watermark measurement, taken after the last batch, found no lag."""
+        return self._exact_lag == 0 and self.last_error is None
+
+    def wait_caught_up(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._applied_cond:
+            while not self.caught_up():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._applied_cond.wait(min(left, 0.1))
+        return True
+
+    def _run_safely(self) -> None:
+        self._open()
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                self.step()
+                backoff = 0.5
+            except Exception as exc:  # never let the ingest thread die: report, back off, retry
+                self._error(f"{type(exc).__name__}: {exc}")
+                log.exception("ingest %s: step failed; retrying in %.1fs", self.source, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+                if isinstance(err, KafkaError) and err.fatal():
+                    self._reopen()
+
+    # ------------------------------------------------------------------ consumer
+
+    def _consumer_config(self) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self.options.bootstrap,
+            "group.id": self.options.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "reconnect.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 5000,
+            "fetch.max.bytes": max(52428800, self.options.max_message_bytes * 2),
+            "error_cb": self._on_kafka_error,
+            "log_level": 3,
+            **dict(self.options.consumer_config),
+        }
+
+    def _open(self) -> None:
+        if self._consumer is not None:
+            return
+        self._consumer = Consumer(self._consumer_config())
+        self._assigned: set[int] = set()
+        self.partitions = []
+        self._measure_lag()  # reads the topic's partitions and assigns them
+
+    def _reopen(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception as exc:
+                log.debug("closing consumer: %s", exc)
+        self._consumer = None
+        self._open()
+
+    def _assign_new(self) -> None:
+        """Assign every partition not yet assigned, at its next offset (or the beginning).
+
+        The dataset is a full replica of the topic, so the ingestor assigns all partitions
+        itself (no group rebalancing that would split them between processes); the group
+        id still names where offsets are committed.
+        """
+        assert self._consumer is not None
+        new = [p for p in self.partitions if p not in self._assigned]
+        if not new:
+            return
+        tps = [
+            TopicPartition(self.options.topic, p, self.next_offsets.get(p, OFFSET_BEGINNING))
+            for p in new
+        ]
+        self._consumer.incremental_assign(tps)
+        self._assigned.update(new)
+        log.info("ingest %s: assigned %s", self.source, [(tp.partition, tp.offset) for tp in tps])
+
+    def _on_kafka_error(self, err: KafkaError) -> None:
+        self._error(f"kafka: {err.str()}")
+
+    def _error(self, message: str) -> None:
+        self.stats.errors += 1
+        self.last_error = message
+        if self.tracker is not None:
+            self.tracker.record_error(self.source, message)
+
+    # ------------------------------------------------------------------ the loop
+
+    def step(self) -> int:
+        """One poll + apply + (maybe) lag measurement and checkpoint; returns messages applied."""
+        assert self._consumer is not None
+        msgs = self._consumer.consume(self.options.batch_size, self.options.poll_timeout)
+        good = []
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                good.append(m)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                self._error(f"kafka: {err.str()}")
+        n = self._apply(good) if good else 0
+        now = time.monotonic()
+        if now >= self._next_lag:
+            self._measure_lag()
+        if (
+            self.options.checkpoint_interval
+            and self._dirty
+            and now - self._last_ckpt >= self.options.checkpoint_interval
+        ):
+            self.checkpoint()
+        return n
+
+    def _apply(self, msgs: Sequence[Any]) -> int:
+        ds = self.dataset
+        values: list[bytes] = []
+        where: list[int] = []  # index into msgs of each decoded value
+        ops: dict[
+            Any, tuple[int, str]
+        ] = {}  # key -> (msg index, 'upsert' | 'delete') of the last op
+        dead = 0
+        for i, m in enumerate(msgs):
+            v = m.value()
+            if v is None:
+                k = m.key()
+                if k is None:
+                    self.dlq.send(
+                        m, "tombstone without a message key: cannot tell which row to delete"
+                    )
+                    dead += 1
+                    continue
+                try:
+                    ops[self.parse_key(k)] = (i, "delete")
+                except (ValueError, UnicodeDecodeError, pa.ArrowInvalid) as exc:
+                    self.dlq.send(
+                        m, f"tombstone key {k[:64]!r} is not a valid {ds.key!r} value: {exc}"
+                    )
+                    dead += 1
+                continue
+            if len(v) > self.options.max_message_bytes:
+                self.dlq.send(
+                    m,
+                    f"value of {len(v)} bytes exceeds max_message_bytes={self.options.max_message_bytes}",
+                )
+                dead += 1
+                continue
+            values.append(v)
+            where.append(i)
+        rows: pa.RecordBatch | None = None
+        if values:
+            batch, errors = self.decoder.decode(values)
+            bad = {i for i, _ in errors}
+            for i, e in errors:
+                self.dlq.send(msgs[where[i]], e)
+            dead += len(errors)
+            row_msg = [where[i] for i in range(len(values)) if i not in bad]
+            keycol = batch.column(ds.key)
+            if keycol.null_count:
+                nulls = keycol.is_null().to_pylist()
+                for j, isnull in enumerate(nulls):
+                    if isnull:
+                        self.dlq.send(msgs[row_msg[j]], f"missing key field {ds.key!r}")
+                dead += keycol.null_count
+                keep = [j for j, isnull in enumerate(nulls) if not isnull]
+                batch = batch.take(pa.array(keep, pa.int64()))
+                row_msg = [row_msg[j] for j in keep]
+                keycol = batch.column(ds.key)
+            for j, k in enumerate(keycol.to_pylist()):
+                prev = ops.get(k)
+                if (
+                    prev is None or prev[0] < row_msg[j]
+                ):  # the later of a tombstone and an upsert wins
+                    ops[k] = (row_msg[j], "upsert")
+            rows = batch
+            if len(ops) < len(row_msg) or any(op == "delete" for _, op in ops.values()):
+                last_rows = sorted(ops_i for ops_i, op in ops.values() if op == "upsert")
+                pos = {mi: j for j, mi in enumerate(row_msg)}
+                rows = batch.take(pa.array([pos[mi] for mi in last_rows], pa.int64()))
+        deletes = [k for k, (_, op) in ops.items() if op == "delete"]
+        if deletes:
+            ds.delete(deletes)
+        if rows is not None and rows.num_rows:
+            try:
+                ds.upsert(rows)
+            except Exception as exc:  # a row the decoder let through but the dataset refuses
+                dead += self._upsert_row_by_row(rows, msgs, ops, exc)
+        # the dataset now holds the batch: dead letters out, offsets committed, position advanced
+        self.dlq.flush()
+        for m in msgs:
+            p, o = m.partition(), m.offset()
+            if o + 1 > self.next_offsets.get(p, -1):
+                self.next_offsets[p] = o + 1
+        self._commit()
+        n = len(msgs)
+        st = self.stats
+        st.applied += n
+        st.upserted += 0 if rows is None else rows.num_rows
+        st.deleted += len(deletes)
+        st.dead_letters += dead
+        st.batches += 1
+        self._dirty = True
+        self._exact_lag = None
+        if self.tracker is not None:
+            newest = max((m.timestamp()[1] for m in msgs if m.timestamp()[0] != 0), default=None)
+            self.tracker.record_applied(self.source, n, None if newest is None else newest / 1000.0)
+            if dead:
+                self.tracker.record_dead_letters(self.source, dead)
+            if (
+                self.lag_messages is not None
+            ):  # move the lag with what we applied until the next measurement
+                self.lag_messages = max(0, self.lag_messages - n)
+                self.tracker.update_lag(self.source, self.lag_messages)
+        with self._applied_cond:
+            self._applied_cond.notify_all()
+        return n
+
+    def _upsert_row_by_row(
+        self,
+        rows: pa.RecordBatch,
+        msgs: Sequence[Any],
+        ops: Mapping[Any, tuple[int, str]],
+        exc: Exception,
+    ) -> int:
+        log.warning("ingest %s: batch upsert failed (%s); retrying row by row", self.source, exc)
+        by_key = {k: i for k, (i, op) in ops.items() if op == "upsert"}
+        dead = 0
+        keys = rows.column(self.dataset.key).to_pylist()
+        for j, k in enumerate(keys):
+            try:
+                self.dataset.upsert(rows.slice(j, 1))
+            except Exception as e:
+                self.dlq.send(msgs[by_key[k]], f"dataset refused the row: {e}")
+                dead += 1
+        return dead
+
+    def _commit(self) -> None:
+        assert self._consumer is not None
+        offs = [TopicPartition(self.options.topic, p, o) for p, o in self.next_offsets.items()]
+        try:
+            self._consumer.commit(offsets=offs, asynchronous=True)
+        except KafkaException as exc:  # e.g. during a rebalance; the checkpoint is the truth
+            log.debug("commit: %s", exc)
+
+    # ------------------------------------------------------------------ lag
+
+    def _measure_lag(self) -> None:
+        assert self._consumer is not None
+        c = self._consumer
+        now = time.monotonic()
+        try:
+            if not self.partitions or now - self._md_at > 30:
+                md = c.list_topics(self.options.topic, timeout=5)
+                t = md.topics.get(self.options.topic)
+                if t is None or t.error is not None or not t.partitions:
+                    why = (
+                        t.error.str() if t is not None and t.error is not None else "no partitions"
+                    )
+                    raise KafkaException(
+                        f"topic {self.options.topic!r} is not available on {self.options.bootstrap} ({why}); "
+                        "create it or fix 'from:' in fabric.yaml"
+                    )
+                self.partitions = sorted(t.partitions)
+                self._md_at = now
+                self._assign_new()
+            total = 0
+            detail: dict[str, Any] = {}
+            for p in self.partitions:
+                low, high = c.get_watermark_offsets(
+                    TopicPartition(self.options.topic, p), timeout=5, cached=False
+                )
+                nxt = self.next_offsets.get(p, low)
+                lag = max(0, high - max(nxt, low))
+                total += lag
+                detail[str(p)] = {"low": low, "high": high, "next": nxt, "lag": lag}
+        except KafkaException as exc:
+            self._error(f"kafka: {exc}")
+            self._lag_backoff = min(self._lag_backoff * 2, 5.0)
+            self._next_lag = now + self._lag_backoff
+            return
+        self._lag_backoff = self.options.lag_interval
+        self._next_lag = time.monotonic() + self.options.lag_interval
+        self.lag_messages = self._exact_lag = total
+        if self.last_error is not None:
+            log.info("ingest %s: broker reachable again", self.source)
+            self.last_error = None
+            if self.tracker is not None:
+                self.tracker.clear_error(self.source)
+        if self.tracker is not None:
+            self.tracker.update_lag(self.source, total, {"partitions": detail})
+        with self._applied_cond:
+            self._applied_cond.notify_all()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> checkpoint.Checkpoint | None:
+        """Snapshot + offsets, atomically. Called from the ingest thread (or after stop)."""
+        if self.state_dir is None:
+            return None
+        ck = checkpoint.write(
+            self.state_dir,
+            self.dataset.save,
+            self.next_offsets,
+            {
+                "topic": self.options.topic,
+                "group": self.options.group_id,
+                "dataset": self.dataset.name,
+                "applied_total": self.stats.applied,
+            },
+        )
+        self._dirty = False
+        self._last_ckpt = time.monotonic()
+        self.stats.checkpoints += 1
+        self.stats.last_checkpoint_at = time.time()
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(ck)
+        return ck
