@@ -85,12 +85,14 @@ def load_text(text: str, file: str = "<yaml>") -> list[BindingSpec]:
 
 
 def _expr(y: YamlText, c: Container, key: Any, what: str):
-    text, ln, col, positions = y.scalar(c, key)
     if isinstance(c[key], Container):
-        raise y.error(
-            f"{what} must be an expression (text), got a {'mapping' if isinstance(c[key], CommentedMap) else 'list'}",
-            y.value_span(c, key),
-        )
+        kind = "mapping" if isinstance(c[key], CommentedMap) else "list"
+        span = y.value_span(c, key)
+        hint = None
+        if span is not None and "{{" in y.lines[span.line - 1]:
+            hint = "quote it: a YAML value starting with '{' is a mapping, e.g. to: \"{{session.query_vec}}\""
+        raise y.error(f"{what} must be an expression (text), got a {kind}", span, hint)
+    text, ln, col, positions = y.scalar(c, key)
     return P.parse_expr(text, y.file, ln, col, positions=positions, what=what)
 
 
@@ -244,9 +246,12 @@ def _source(y: YamlText, parent: CommentedMap, key: Any) -> SourceSpec:
         if "from" not in m:
             raise
     try:
-        return _source_body(y, parent, key, alias, m, problems)
+        spec = _source_body(y, parent, key, alias, m)
     except DslError as e:
         raise DslError(problems + e.diagnostics) from None
+    if problems:
+        raise DslError(problems)
+    return spec
 
 
 def _source_body(
@@ -255,7 +260,6 @@ def _source_body(
     key: Any,
     alias: Name,
     m: CommentedMap,
-    problems: list[Diagnostic],
 ) -> SourceSpec:
     uri = y.string(m, "from", "from")
     uri_span = y.value_span(m, "from")
@@ -318,8 +322,6 @@ def _source_body(
             y.value_span(nm, "metric") if "metric" in nm else None,
             y.key_span(m, "nearest"),
         )
-    if problems:
-        raise DslError(problems)
     return SourceSpec(
         alias,
         uri.strip(),

@@ -16,6 +16,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 
@@ -35,30 +36,46 @@ class YamlText:
 
     # ---- loading
     def documents(self) -> list[Any]:
-        yaml = YAML(typ="rt")
-        yaml.preserve_quotes = True
-        yaml.allow_duplicate_keys = False
         try:
-            return [d for d in yaml.load_all(self.text) if d is not None]
-        except MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            span = (
-                Span(self.file, mark.line + 1, mark.column + 1, mark.line + 1, mark.column + 2)
-                if mark
-                else None
-            )
-            problem = (e.problem or e.context or "invalid YAML").strip()
-            hint = None
+            return self._load(allow_duplicates=False)
+        except DuplicateKeyError as e:
+            # YAML splits flow mappings at every comma: {cell: geo_hash(lat, lon, 6)} gives
+            # keys 'lon' and '6)'. Such collections are re-read paren-aware later, so a
+            # "duplicate" inside a flow collection holding a call is not the user's mistake.
+            mark = e.problem_mark
             line = self.lines[mark.line] if mark and mark.line < len(self.lines) else ""
-            if "{{" in line:
-                hint = "a value that starts with '{' must be quoted in YAML, e.g. to: \"{{session.query_vec}}\""
-            elif "duplicate key" in problem or "found duplicate key" in str(e):
-                hint = "each key may appear once"
-            elif "\t" in line:
-                hint = "YAML indentation must use spaces, not tabs"
-            raise self.error(f"invalid YAML: {problem}", span, hint) from None
+            head = line[: mark.column] if mark else ""
+            if "{" in head and "(" in head:
+                return self._load(allow_duplicates=True)
+            raise self._yaml_error(e) from None
+        except MarkedYAMLError as e:
+            raise self._yaml_error(e) from None
         except YAMLError as e:
             raise self.error(f"invalid YAML: {e}", Span(self.file, 1, 1, 1, 2)) from None
+
+    def _load(self, allow_duplicates: bool) -> list[Any]:
+        yaml = YAML(typ="rt")
+        yaml.preserve_quotes = True
+        yaml.allow_duplicate_keys = allow_duplicates
+        return [d for d in yaml.load_all(self.text) if d is not None]
+
+    def _yaml_error(self, e: MarkedYAMLError) -> DslError:
+        mark = e.problem_mark or e.context_mark
+        span = (
+            Span(self.file, mark.line + 1, mark.column + 1, mark.line + 1, mark.column + 2)
+            if mark
+            else None
+        )
+        problem = (e.problem or e.context or "invalid YAML").strip()
+        hint = None
+        line = self.lines[mark.line] if mark and mark.line < len(self.lines) else ""
+        if "{{" in line:
+            hint = "a value that starts with '{' must be quoted in YAML, e.g. to: \"{{session.query_vec}}\""
+        elif "duplicate key" in problem or "found duplicate key" in str(e):
+            hint = "each key may appear once"
+        elif "\t" in line:
+            hint = "YAML indentation must use spaces, not tabs"
+        return self.error(f"invalid YAML: {problem}", span, hint)
 
     # ---- diagnostics
     def error(self, message: str, span: Span | None, hint: str | None = None) -> DslError:
@@ -153,8 +170,12 @@ class YamlText:
         except (KeyError, AttributeError, TypeError, IndexError):
             return text, 1, 1, None
         line = self.lines[ln] if ln < len(self.lines) else ""
-        if isinstance(v, LiteralScalarString | FoldedScalarString):
+        if isinstance(v, LiteralScalarString):
             return text, ln + 1, col + 1, self._block_positions(ln, text)
+        if isinstance(v, FoldedScalarString):
+            first = self._block_positions(ln, text[:1])
+            start = (first[0][0] - 1, first[0][1] - 1) if first else (ln + 1, 0)
+            return text, ln + 1, col + 1, self._aligned_positions(start[0], start[1], text)
         quoted = line[col : col + 1] in ("'", '"')
         start_col = col + (1 if quoted else 0)
         if "\n" not in text and line[start_col : start_col + len(text)] == text:

@@ -33,7 +33,15 @@ from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.spec import BindingSpec, SourceSpec
 from dsl.types import ValueType
 from fabric.plan import nodes as N
-from fabric.plan.types import ENCRYPTED, ENCRYPTED_FUNCTIONS, Env, infer, name_of, vector_size
+from fabric.plan.types import (
+    ENCRYPTED,
+    ENCRYPTED_FUNCTIONS,
+    Env,
+    comparable,
+    infer,
+    name_of,
+    vector_size,
+)
 
 
 def build(spec: BindingSpec, catalog: Any) -> N.Plan:
@@ -432,7 +440,18 @@ class _Builder:
         on = self.qualify(s.join.on, scope, None, f"join of '{alias}'")
         self.check_no_agg(on, "join")
         self.check_not_encrypted(on, "join")
-        self.check_bool(on, self.env(scope), "join")
+        env = self.env(scope)
+        for conj in A.conjuncts(on):
+            if isinstance(conj, A.Binary) and conj.op == "=":
+                lt, rt = infer(conj.left, env), infer(conj.right, env)
+                if not comparable(lt, rt):
+                    raise DslError.at(
+                        f"join between incompatible types: {conj.left} is {name_of(lt)}, "
+                        f"{conj.right} is {name_of(rt)}",
+                        conj.span,
+                        "join columns of the same kind (convert one in derive: if needed)",
+                    )
+        self.check_bool(on, env, "join")
         refs = A.sources_of(on)
         if alias not in refs or not refs - {alias}:
             raise DslError.at(
@@ -440,19 +459,6 @@ class _Builder:
                 s.join.span,
                 f"e.g. join: {alias}.<column> = {joined[-1]}.<column>",
             )
-        env = self.env(scope)
-        for conj in A.conjuncts(on):
-            if isinstance(conj, A.Binary) and conj.op == "=":
-                lt, rt = infer(conj.left, env), infer(conj.right, env)
-                from fabric.plan.types import comparable
-
-                if not comparable(lt, rt):
-                    raise DslError.at(
-                        f"join between incompatible types: {conj.left} is {name_of(lt)}, "
-                        f"{conj.right} is {name_of(rt)}",
-                        conj.span,
-                        "join columns of the same kind (cast in derive: if needed)",
-                    )
         return on
 
     # ---- select / group / order / limit / pushdown
