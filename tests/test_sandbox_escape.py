@@ -10,9 +10,14 @@ Three pools run the corpus:
 After every hostile snippet the next ordinary call on the same pool must succeed.
 """
 
+import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -576,3 +581,45 @@ def test_skipped_layers_are_reported(caplog):
         assert p.layers["chroot"] == "unavailable: disabled by the pool"
         assert p.layers["network_namespace"] == "active"
         assert p.run(NORMAL, TABLE, binding="ok").num_rows == 10
+
+
+DEGRADED = """
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+import pyarrow as pa
+from fabric.sandbox import SandboxPool, SandboxViolation
+with SandboxPool(size=1) as p:
+    ok = p.run("def run(t):\\n    return t\\n", pa.table({"a": [1, 2]}), binding="b").num_rows
+    try:
+        p.run("def run(t):\\n    open('/etc/passwd')\\n", pa.table({"a": [1]}), binding="b", snippet_origin=("x.yaml", 3))
+        err = None
+    except SandboxViolation as e:
+        err = str(e)
+    print(json.dumps({"layers": p.layers, "rows": ok, "err": err}))
+"""
+
+
+@pytest.mark.skipif(
+    not shutil.which("setpriv") or os.geteuid() != 0, reason="needs root and setpriv"
+)
+def test_missing_os_layers_are_reported_once_and_the_rest_still_apply():
+    """A fabric without capabilities (like a non-root one) loses namespaces, chroot and the
+    uid switch; it says so at start-up and still runs snippets under the other layers."""
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", DEGRADED],
+        capture_output=True, text=True, timeout=120, cwd=root, env={"PYTHONPATH": root, "PATH": os.defpath},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    layers = report["layers"]
+    assert layers["chroot"].startswith("unavailable") and layers["drop_privileges"].startswith(
+        "unavailable"
+    )
+    assert layers["seccomp"] == "active" and layers["rlimits"] == "active"
+    assert layers["restricted_python"] == "active"
+    for name, state in layers.items():
+        if state != "active":
+            assert proc.stderr.count(f"sandbox layer '{name}' is unavailable") == 1
+    assert report["rows"] == 2
+    assert "x.yaml:4" in report["err"] and "'open' is not allowed" in report["err"]
