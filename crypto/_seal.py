@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import tenseal.sealapi as seal
 
-from .errors import DepthError, ParamsError
+from .errors import DepthError, ParamsError, ShapeError
 from .params import ParamSet
 
 _tmp: str | None = None
@@ -221,7 +221,15 @@ class Engine:
         if step == 0:
             return ct
         out = seal.Ciphertext()
-        self.evaluator.rotate_vector(ct, step, self.galois_keys, out)
+        try:
+            self.evaluator.rotate_vector(ct, step, self.galois_keys, out)
+        except (ValueError, RuntimeError) as e:
+            raise ShapeError(
+                f"rotation by {step} slots needs a Galois key that parameter set "
+                f"{self.ps.name!r} does not include (keys for steps "
+                f"{self.ps.rotation_steps or 'all powers of two'}; {e}); use n8192-s40 for "
+                f"sums and dot products over vectors longer than {self.ps.max_period}"
+            ) from None
         return out
 
     def sum_blocks(self, ct, width: int):

@@ -265,6 +265,12 @@ def _prepared_query(ctx, ev: EncryptedVector, ct, finish_: bool, op: str):
     p = 1
     while p < ev.n:
         p *= 2
+    if p > ctx.params.max_period:
+        raise ShapeError(
+            f"{op}: encrypted[{ev.n}] needs rotations by up to {p // 2} slots, but parameter set "
+            f"{ctx.params.name!r} only has rotation keys for vectors of up to "
+            f"{ctx.params.max_period} values; score long vectors under n8192-s40"
+        )
     if ev.period != p:  # not replicated by the agent: replicate by rotations
         _check_period(ctx, ev, op)
         ct = eng.replicate(ct, p)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numpy.polynomial import chebyshev as C
 
-from crypto import DepthError, KeyRing, PublicContext, ops
+from crypto import DepthError, KeyRing, PublicContext, ShapeError, ops
 from crypto.poly import sigmoid_approx, step_approx
 
 NOISE = 1e-3
@@ -87,3 +87,14 @@ def test_bad_ranges_are_refused(ring, pub) -> None:
         ops.threshold(pub, enc, 2.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="lo < hi"):
         ops.sigmoid(pub, enc, 3.0, -3.0)
+
+
+def test_deep_set_scores_short_vectors_and_refuses_long_ones(ring, pub) -> None:
+    rng = np.random.default_rng(3)
+    q, cands = rng.uniform(-1, 1, 16), rng.uniform(-1, 1, (30, 16))
+    got = ring.decrypt(ops.score_dot(pub, ring.encrypt(q), cands))
+    assert np.max(np.abs(got - cands @ q)) <= 1e-4
+    with pytest.raises(ShapeError, match="only has rotation keys for vectors of up to 16"):
+        ops.score_dot(pub, ring.encrypt(np.ones(32)), np.ones((2, 32)))
+    with pytest.raises(ShapeError, match="encrypt with replicate=True"):
+        ops.weighted(pub, ring.encrypt([1.0, 2.0], replicate=False), [1.0, 1.0])
