@@ -1,0 +1,311 @@
+"""What only one connector does: S3 pruning, Kafka bounded/time-range/latest_by scans and
+bad messages, JSON decoding, Mongo operator objects, SQL bound parameters."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from connectors.arrow_expr import filter_table
+from connectors.base import ScanRequest, to_table
+from connectors.json_decode import decode_json_messages, infer_schema
+from dsl.ast import Binary, Column, InList, Literal, Param
+from tests.connectors import data
+
+# ------------------------------------------------------------------------------ JSON decoding
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("name", pa.string()),
+        ("at", pa.timestamp("us", tz="UTC")),
+        ("meta.city", pa.string()),
+        ("v", pa.list_(pa.float32(), 2)),
+    ]
+)
+
+
+def test_decode_json_messages_skips_and_reports_bad_rows() -> None:
+    values = [
+        b'{"id": 1, "name": "a", "at": "2024-01-01T00:00:00Z", "meta": {"city": "Paris"}, "v": [1, 2]}',
+        b"not json",
+        None,
+        b"[1, 2]",
+        b'{"id": "seven", "name": "b"}',
+        b'{"id": 2, "at": 1704067200000, "v": [1, 2, 3]}',
+        b'{"id": 3.0, "at": 1704067200, "extra": true}',
+    ]
+    batch, errors = decode_json_messages(values, SCHEMA)
+    assert batch.schema == SCHEMA
+    assert batch.column("id").to_pylist() == [1, 3]
+    assert batch.column("meta.city").to_pylist() == ["Paris", None]
+    assert batch.column("at").to_pylist()[1] == dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    assert [i for i, _ in errors] == [1, 2, 3, 4, 5]
+    reasons = dict(errors)
+    assert (
+        "invalid JSON" in reasons[1] and "tombstone" in reasons[2] and "JSON object" in reasons[3]
+    )
+    assert "field 'id'" in reasons[4] and "vector of 2" in reasons[5]
+
+
+def test_infer_schema_flattens_and_widens() -> None:
+    s = infer_schema(
+        [
+            {"a": 1, "b": {"c": "x"}, "t": [1]},
+            {"a": 2.5, "b": {"c": "y"}, "t": [2.0], "m": {"$x": 1}},
+        ]
+    )
+    assert s.field("a").type == pa.float64()
+    assert s.field("b.c").type == pa.string()
+    assert s.field("t").type == pa.list_(pa.float64())
+    assert s.field("m").type == pa.string() and s.field("m").metadata  # kept as JSON text
+
+
+# ------------------------------------------------------------------------------ S3 pruning
+
+
+@pytest.fixture(scope="module")
+def lake(s3: Any) -> Any:
+    from connectors.s3 import S3Connection
+
+    t = data.table().append_column(
+        "region", pa.array([["eu", "us", "apac"][r % 3] for r in range(data.N)])
+    )
+    ds.write_dataset(
+        t.sort_by("id"),
+        s3.path("pruning/merchants"),
+        filesystem=s3.fs,
+        format="parquet",
+        partitioning=["region"],
+        partitioning_flavor="hive",
+        max_rows_per_group=20,
+        min_rows_per_group=20,
+        existing_data_behavior="overwrite_or_ignore",
+    )
+    return S3Connection(
+        "lake",
+        {
+            "kind": "s3",
+            "endpoint": s3.endpoint,
+            "bucket": s3.bucket,
+            "access_key": s3.access_key,
+            "secret_key": s3.secret_key,
+        },
+    )
+
+
+def test_s3_partition_and_row_group_pruning(lake: Any) -> None:
+    src = lake.source("pruning/merchants/")
+    assert "region" in src.schema().names
+    f = (Binary("=", Column("region"), Param("r")), Binary("<", Column("id"), Literal(40, "int")))
+    out = to_table(
+        src.scan(ScanRequest(filters=f, params={"r": "eu"}, columns=("id", "region"))),
+        pa.schema([src.schema().field("id"), src.schema().field("region")]),
+    )
+    want = [r["id"] for i, r in enumerate(data.rows()) if i % 3 == 0 and r["id"] < 40]
+    assert sorted(out.column("id").to_pylist()) == want
+    st = src.last_scan
+    assert st["files_total"] == 3 and st["files_read"] == 1  # partition pruning
+    assert st["row_groups_read"] < st["row_groups_total"]  # statistics pruning (ids are sorted)
+    assert st["rows"] == len(want)
+
+
+def test_s3_statistics_exact_and_watermark(lake: Any) -> None:
+    src = lake.source("pruning/merchants/")
+    st = src.statistics()
+    assert st.row_count == data.N and st.exact and st.total_bytes > 0
+    assert st.columns["id"].min == 1 and st.columns["id"].max == data.N
+    assert st.columns["score"].null_count == sum(r["score"] is None for r in data.rows())
+    wm = src.watermark()
+    assert wm.event_time is not None and abs(wm.event_time - time.time()) < 3600
+
+
+def test_s3_unknown_object_lists_existing(lake: Any) -> None:
+    from connectors.base import UnknownObjectError
+
+    with pytest.raises(UnknownObjectError) as err:
+        lake.source("prunning/*.parquet")
+    assert "pruning/" in err.value.existing
+
+
+# ------------------------------------------------------------------------------ Kafka
+
+
+def _produce(
+    bootstrap: str, topic: str, values: list[tuple[bytes | None, bytes | None, int]]
+) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for key, value, ts in values:
+        p.produce(topic, key=key, value=value, timestamp=ts)
+    p.flush(30)
+
+
+LOC = {"user_id": "int", "lat": "float", "lon": "float", "at": "timestamp"}
+
+
+@pytest.mark.parametrize("broker", ["kafka", "tansu"])
+def test_kafka_latest_by_time_range_and_bad_messages(
+    broker: str, request: pytest.FixtureRequest
+) -> None:
+    from connectors.kafka import KafkaConnection
+
+    bootstrap = request.getfixturevalue(
+        "kafka_bootstrap" if broker == "kafka" else "tansu_bootstrap"
+    )
+    topic = request.getfixturevalue("new_topic" if broker == "kafka" else "tansu_topic")(
+        partitions=3, prefix="loc"
+    )
+    base = int(time.time() * 1000) - 100_000
+    msgs = []
+    for i in range(90):
+        user = i % 3
+        body = {"user_id": user, "lat": float(i), "lon": -float(i), "at": base + i * 1000}
+        msgs.append((str(user).encode(), json.dumps(body).encode(), base + i * 1000))
+    msgs += [
+        (b"0", b"{broken", base + 95_000),
+        (b"1", b'{"user_id": "x"}', base + 96_000),
+        (b"2", None, base + 97_000),
+    ]
+    _produce(bootstrap, topic, msgs)
+    opts = {
+        "bootstrap": bootstrap,
+        "schemas": {topic: LOC},
+        **({"end": "eof"} if broker == "tansu" else {}),
+    }
+    src = KafkaConnection("bus", opts).source(topic)
+
+    all_rows = to_table(src.scan(ScanRequest()), src.schema())
+    assert all_rows.num_rows == 90
+    assert src.last_scan["bad_messages"] == 3 and len(src.errors) == 3
+
+    # latest location of user 1: its newest message (i = 88)
+    latest = to_table(
+        src.scan(
+            ScanRequest(
+                filters=(Binary("=", Column("user_id"), Param("u")),),
+                params={"u": 1},
+                latest_by=("user_id",),
+            )
+        ),
+        src.schema(),
+    )
+    assert latest.to_pylist() == [
+        {
+            "user_id": 1,
+            "lat": 88.0,
+            "lon": -88.0,
+            "at": dt.datetime.fromtimestamp((base + 88_000) / 1000, dt.UTC),
+        }
+    ]
+    every = to_table(src.scan(ScanRequest(latest_by=("user_id",))), src.schema())
+    assert sorted(every.column("lat").to_pylist()) == [87.0, 88.0, 89.0]
+
+    # a time range: messages 10..19 (by message timestamp)
+    tr = ((base + 10_000) / 1000, (base + 19_000) / 1000)
+    window = to_table(src.scan(ScanRequest(time_range=tr)), src.schema())
+    assert sorted(window.column("lat").to_pylist()) == [float(i) for i in range(10, 20)]
+
+    wm = src.watermark()
+    assert wm.lag_messages == 0 and wm.event_time is not None
+
+
+def test_kafka_filter_applied_on_every_batch_is_exact(kafka_bootstrap: str, new_topic: Any) -> None:
+    from connectors.base import Pushdown
+    from connectors.kafka import KafkaConnection
+
+    topic = new_topic(partitions=2)
+    now = int(time.time() * 1000)
+    _produce(
+        kafka_bootstrap,
+        topic,
+        [
+            (None, json.dumps({"user_id": i, "lat": 0.0, "lon": 0.0, "at": now}).encode(), now)
+            for i in range(500)
+        ],
+    )
+    src = KafkaConnection("bus", {"bootstrap": kafka_bootstrap, "schemas": {topic: LOC}}).source(
+        topic
+    )
+    f = InList(Column("user_id"), Param("ids"))
+    assert src.supports_filter(f) is Pushdown.EXACT
+    out = to_table(
+        src.scan(ScanRequest(filters=(f,), params={"ids": [1, 250, 499, 1000]}, batch_size=50)),
+        src.schema(),
+    )
+    assert sorted(out.column("user_id").to_pylist()) == [1, 250, 499]
+    assert src.last_scan["messages"] == 500
+
+
+# ------------------------------------------------------------------------------ Mongo and SQL
+
+
+def test_mongo_operator_objects_are_values(mongo_db: Any, mongo_url: str) -> None:
+    """{"$ne": null} stored as a value is found by exactly that value, and never acts as an operator."""
+    from connectors.mongo import MongoConnection
+
+    mongo_db.ops.insert_many(
+        [{"k": 1, "tag": "a"}, {"k": 2, "tag": "b"}, {"k": 3, "tag": '{"$ne": null}'}]
+    )
+    conn = MongoConnection("crm", {"url": mongo_url, "database": mongo_db.name})
+    src = conn.source("ops")
+    for hostile in ({"$ne": None}, {"$where": "sleep(1000)"}, {"$gt": ""}):
+        t0 = time.monotonic()
+        out = to_table(
+            src.scan(
+                ScanRequest(
+                    filters=(Binary("=", Column("tag"), Param("v")),), params={"v": hostile}
+                )
+            ),
+            src.schema(),
+        )
+        assert time.monotonic() - t0 < 2
+        expected = [3] if hostile == {"$ne": None} else []  # only the row holding that exact text
+        assert out.column("k").to_pylist() == expected
+        assert src.last_filter == {"tag": {"$eq": json.dumps(hostile, sort_keys=True)}}
+    assert mongo_db.ops.count_documents({}) == 3
+
+
+def test_sql_values_never_reach_the_statement_text(mariadb_url: str) -> None:
+    import sqlalchemy as sa
+
+    from connectors.sql import SqlConnection
+
+    engine = sa.create_engine(mariadb_url)
+    with engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE IF NOT EXISTS x (id INT PRIMARY KEY, name VARCHAR(40))")
+        c.exec_driver_sql("REPLACE INTO x VALUES (1, 'a'), (2, 'b')")
+    src = SqlConnection("shop", {"kind": "mysql", "url": mariadb_url}).source("x")
+    hostile = "'; DROP TABLE x; --"
+    out = to_table(
+        src.scan(
+            ScanRequest(filters=(InList(Column("name"), Param("v")),), params={"v": [hostile, "a"]})
+        ),
+        src.schema(),
+    )
+    assert out.column("id").to_pylist() == [1]
+    assert hostile not in src.last_sql and "DROP" not in src.last_sql
+    with engine.connect() as c:
+        assert c.exec_driver_sql("SELECT COUNT(*) FROM x").scalar() == 2
+    engine.dispose()
+
+
+def test_fabric_reapplies_a_filter_the_source_refuses(mongo_db: Any, mongo_url: str) -> None:
+    """End to end fail-closed: Mongo cannot push `a + b > 5`; the residual filter still holds."""
+    from connectors.base import Pushdown
+    from connectors.mongo import MongoConnection
+
+    mongo_db.arith.insert_many([{"a": i, "b": i} for i in range(6)])
+    src = MongoConnection("crm", {"url": mongo_url, "database": mongo_db.name}).source("arith")
+    f = Binary(">", Binary("+", Column("a"), Column("b")), Literal(5, "int"))
+    assert src.supports_filter(f) is Pushdown.UNSUPPORTED
+    raw = to_table(src.scan(ScanRequest()), src.schema())
+    assert raw.num_rows == 6
+    assert filter_table(raw, f, {}).column("a").to_pylist() == [3, 4, 5]
