@@ -499,3 +499,37 @@ def test_sort_below_project_single_source(tables, ref) -> None:
     ).fetchall()
     assert [(r["name"],) for r in res.table.to_pylist()] == expected
     assert res.stats["sources"]["m"]["rows"] == 4  # limit + offset pushed into the scan
+
+
+def test_bindings_through_the_builder_match_reference(tables, ref) -> None:
+    """The same scenarios written as binding YAML, through loader, builder and optimizer."""
+    import pathlib
+
+    from dsl.loader import load_text
+    from fabric.plan.builder import build
+
+    fixtures = pathlib.Path(__file__).parent / "fixtures" / "optimizer" / "all"
+    cat = world.catalog(tables)
+
+    def compiled(name: str):
+        text = (fixtures / f"{name}.yaml").read_text().split("---- optimized")[0]
+        return optimize(build(load_text(text, name)[0], cat), cat)
+
+    offers, top = compiled("nearby_offers"), compiled("top_category")
+    for user in USERS:
+        res = execute(offers, {"user_id": user}, cat, binding="nearby_offers", now=NOW)
+        expected, needed = ref_nearby(ref, user)
+        assert res.table.to_pylist() == expected
+        assert res.stats["sources"]["loc"]["rows"] == 1  # the source kept the latest row itself
+        assert res.stats["sources"]["m"]["rows"] == needed["m"]
+        got = execute(
+            top, {"user_id": user}, cat, binding="top_category", now=NOW
+        ).table.to_pylist()
+        want = ref.execute(
+            """SELECT k.category, sum(o.amount) FROM orders o JOIN categories k ON k.sku = o.sku
+               WHERE o.user_id = ? AND o.ordered_at >= ? GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 1""",
+            [user, NOW - dt_days(7)],
+        ).fetchall()
+        assert [(r["category"], pytest.approx(r["spent"])) for r in got] == [
+            (c, pytest.approx(s)) for c, s in want
+        ]

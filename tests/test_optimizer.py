@@ -1,8 +1,9 @@
-"""Optimizer rules: fixture files (plan in -> explain text out) and properties.
+"""Optimizer rules: fixture files (binding YAML in -> optimized explain text out) and properties.
 
-Each ``tests/fixtures/optimizer/<rule>/<case>.txt`` starts with ``# plan: <name>`` (a
-plan from ``fixtures/optimizer/world.py``) and ``# rules: a, b`` (the rules applied, to a
-fixed point), followed by the expected explain text.
+Each ``tests/fixtures/optimizer/<rule>/<case>.yaml`` holds ``# rules: a, b`` (the rules
+applied, to a fixed point), a binding over the in-memory tables of
+``fixtures/optimizer/world.py``, a ``---- optimized`` line and the expected explain
+text. The binding goes through the real loader and plan builder.
 """
 
 from __future__ import annotations
@@ -17,26 +18,30 @@ from fixtures.optimizer import world
 import fabric.optimizer as opt
 from connectors.base import Pushdown
 from dsl.ast import Binary, Column, Literal
+from dsl.loader import load_text
 from fabric.optimizer import RULES, OptimizerError, optimize
+from fabric.plan.builder import build
 from fabric.plan.nodes import Filter, Project, Scan
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "optimizer"
-CASES = sorted(p for p in FIXTURES.glob("*/*.txt"))
+CASES = sorted(FIXTURES.glob("*/*.yaml"))
 RULE_BY_NAME = {r.__name__: r for r in RULES}
+SEPARATOR = "---- optimized\n"
 
 
-def _read(path: pathlib.Path) -> tuple[str, list[str], str]:
-    lines = path.read_text().splitlines()
-    plan = lines[0].removeprefix("# plan:").strip()
-    rules = [r.strip() for r in lines[1].removeprefix("# rules:").split(",") if r.strip()]
-    return plan, rules, "\n".join(lines[2:]).strip()
+def _read(path: pathlib.Path) -> tuple[list[str], str, str]:
+    text = path.read_text()
+    first, _, rest = text.partition("\n")
+    rules = [r.strip() for r in first.removeprefix("# rules:").split(",") if r.strip()]
+    binding, _, expected = rest.partition(SEPARATOR)
+    return rules, binding, expected.strip()
 
 
 @pytest.mark.parametrize("path", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])
 def test_fixture(path: pathlib.Path) -> None:
-    name, rules, expected = _read(path)
+    rules, binding, expected = _read(path)
     cat = world.catalog()
-    plan = world.PLANS[name](cat)
+    plan = build(load_text(binding, str(path))[0], cat)
     out = optimize(plan, cat, rules=[RULE_BY_NAME[r] for r in rules])
     assert out.explain().strip() == expected, f"{path.name}:\n{out.explain()}"
 

@@ -38,3 +38,11 @@ class LocalCatalog:
                 )
             self._sources[uri] = self.connections[conn_name].source(obj)
         return self._sources[uri]
+
+    def resolve(self, uri: str, span: Any = None) -> Any:
+        """The planning view the binding builder asks for (``fabric.catalog.SourceView``)."""
+        from fabric.catalog import SourceView
+
+        src = self.source(uri)
+        caps = frozenset(getattr(src, "capabilities", frozenset({"projection"})))
+        return SourceView(uri, uri.partition("://")[0], src.schema(), caps, src)
