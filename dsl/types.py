@@ -241,7 +241,7 @@ def bind_session(
     values = values or {}
     if not types and not values:
         return {}
-    where = f" of binding '{binding}'" if binding else ""
+    where = f"binding '{binding}': " if binding else ""
     problems: list[Diagnostic] = []
     out: dict[str, Any] = {}
     for name, t in types.items():
@@ -249,7 +249,7 @@ def bind_session(
         if name not in values:
             problems.append(
                 Diagnostic(
-                    f"session value '{name}' ({t}) is missing{where}",
+                    f"{where}session value '{name}' ({t}) is missing",
                     span,
                     f"pass session={{'{name}': ...}}",
                 )
@@ -259,14 +259,14 @@ def bind_session(
             out[name] = coerce_value(t, values[name], name)
         except ValueError as e:
             problems.append(
-                Diagnostic(f"session value '{name}'{where}: {e}", span, f"declared as {name}: {t}")
+                Diagnostic(f"{where}session value '{name}': {e}", span, f"declared as {name}: {t}")
             )
     for name in values:
         if name not in types:
             declared = ", ".join(f"{n}: {t}" for n, t in types.items()) or "(none)"
             problems.append(
                 Diagnostic(
-                    f"unexpected session value '{name}'{where}",
+                    f"{where}unexpected session value '{name}'",
                     None,
                     f"declared session values: {declared}",
                 )

@@ -182,7 +182,8 @@ class Catalog:
                 span,
                 f"write {cc.kind}://{conn_name}/{obj}",
             )
-        declared = cc.schemas.get(obj) if cc is not None else None
+        # memory tables carry their own schema; declarations only create them empty
+        declared = cc.schemas.get(obj) if cc is not None and cc.kind != "memory" else None
         if (
             self.offline
             and (cc is None or cc.kind != "memory")
@@ -240,25 +241,19 @@ class Catalog:
 
     # ---- invalidation
     def refresh(self) -> bool:
-        """Re-read the schema of every cached source; bump ``version`` if any changed."""
+        """Re-resolve every cached source; bump ``version`` if a schema (or the source
+        object behind a URI) changed. Sources that fail are dropped and re-resolved on use."""
         changed = False
         with self._lock:
             for uri, view in list(self._views.items()):
                 try:
-                    declared = None
-                    if view.kind != "dataset":
-                        _, conn, obj = split_uri(uri)
-                        cc = self.config.connections.get(conn)
-                        declared = cc.schemas.get(obj) if cc else None
-                    schema = declared if declared is not None else view.source.schema()
-                except Exception:
+                    new = self._resolve(uri, None)
+                except Exception:  # noqa: BLE001 - a source that went away is re-resolved on next use
                     self._views.pop(uri, None)
                     changed = True
                     continue
-                if not schema.equals(view.schema):
-                    self._views[uri] = SourceView(
-                        uri, view.kind, schema, view.capabilities, view.source, view.dataset
-                    )
+                if not new.schema.equals(view.schema) or new.source is not view.source:
+                    self._views[uri] = new
                     changed = True
             if changed:
                 self.version += 1
