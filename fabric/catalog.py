@@ -248,7 +248,7 @@ class Catalog:
             for uri, view in list(self._views.items()):
                 try:
                     new = self._resolve(uri, None)
-                except Exception:  # noqa: BLE001 - a source that went away is re-resolved on next use
+                except Exception:
                     self._views.pop(uri, None)
                     changed = True
                     continue
