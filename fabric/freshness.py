@@ -446,7 +446,9 @@ class FreshnessTracker:
     def _stale_for(self, binding: str, source: str) -> bool:
         """Stale for this binding: the source is stale, or past the binding's own bound."""
         own = self._overrides.get((binding, source))
-        return self._sources[source].machine.state == STALE or (own is not None and own.state == STALE)
+        return self._sources[source].machine.state == STALE or (
+            own is not None and own.state == STALE
+        )
 
     def _rate(self, s: _Src, now: float) -> float:
         while s.window and s.window[0][0] < now - self.rate_window:

@@ -56,7 +56,9 @@ class Produced:
             self.where[i] = (msg.partition(), msg.offset())
 
         raw = json.dumps(value).encode() if isinstance(value, dict) else value
-        self.p.produce(self.topic, key=None if key is None else key.encode(), value=raw, on_delivery=cb)
+        self.p.produce(
+            self.topic, key=None if key is None else key.encode(), value=raw, on_delivery=cb
+        )
         if isinstance(value, dict) and key is not None:
             self.expected[key] = value
         elif value is None and key is not None:
@@ -85,8 +87,16 @@ def assert_matches(ds: Dataset, expected: dict[str, dict]) -> None:
     assert ds.count() == len(expected)
 
 
-def dlq_records(bootstrap: str, topic: str, expect: int, timeout: float = 20) -> dict[tuple[int, int], str]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"dlq-check-{time.time()}", "auto.offset.reset": "earliest"})
+def dlq_records(
+    bootstrap: str, topic: str, expect: int, timeout: float = 20
+) -> dict[tuple[int, int], str]:
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"dlq-check-{time.time()}",
+            "auto.offset.reset": "earliest",
+        }
+    )
     c.subscribe([topic + ".dlq"])
     out: dict[tuple[int, int], str] = {}
     deadline = time.monotonic() + timeout
@@ -107,7 +117,9 @@ def cleanup_dlq(kafka_bootstrap):
     topics: list[str] = []
     yield topics.append
     if topics:
-        AdminClient({"bootstrap.servers": kafka_bootstrap}).delete_topics([t + ".dlq" for t in topics])
+        AdminClient({"bootstrap.servers": kafka_bootstrap}).delete_topics(
+            [t + ".dlq" for t in topics]
+        )
 
 
 def run_ingestor(bootstrap, topic, state, *extra):
@@ -116,10 +128,14 @@ def run_ingestor(bootstrap, topic, state, *extra):
         "--dataset", "docs", "--key", "id", "--schema", json.dumps(SCHEMA),
         "--indexes", json.dumps(INDEXES), "--state-dir", str(state), "--group", f"fabric.test.{topic}", *extra,
     ]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
-def test_kill_9_mid_ingest_then_restart_converges_exactly(kafka_bootstrap, new_topic, tmp_path, cleanup_dlq):
+def test_kill_9_mid_ingest_then_restart_converges_exactly(
+    kafka_bootstrap, new_topic, tmp_path, cleanup_dlq
+):
     topic = new_topic(partitions=3, prefix="ingest_kill")
     cleanup_dlq(topic)
     prod = Produced(kafka_bootstrap, topic)
@@ -136,7 +152,17 @@ def test_kill_9_mid_ingest_then_restart_converges_exactly(kafka_bootstrap, new_t
     total = prod.i
     state = tmp_path / "state"
 
-    first = run_ingestor(kafka_bootstrap, topic, state, "--batch-size", "400", "--pause", "0.05", "--checkpoint-interval", "0.3")
+    first = run_ingestor(
+        kafka_bootstrap,
+        topic,
+        state,
+        "--batch-size",
+        "400",
+        "--pause",
+        "0.05",
+        "--checkpoint-interval",
+        "0.3",
+    )
     applied, checkpoints = 0, 0
     deadline = time.monotonic() + 120
     for line in first.stdout:
@@ -152,12 +178,17 @@ def test_kill_9_mid_ingest_then_restart_converges_exactly(kafka_bootstrap, new_t
 
     group = f"fabric.test.{topic}"
     c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
-    committed = {tp.partition: tp.offset for tp in c.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)}
+    committed = {
+        tp.partition: tp.offset
+        for tp in c.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)
+    }
     c.close()
     ck = checkpoint.latest(state)
     assert ck is not None and sum(ck.offsets.values()) > 0
 
-    second = run_ingestor(kafka_bootstrap, topic, state, "--exit-when-caught-up", "--timeout", "120")
+    second = run_ingestor(
+        kafka_bootstrap, topic, state, "--exit-when-caught-up", "--timeout", "120"
+    )
     out, err = second.communicate(timeout=180)
     assert second.returncode == 0, err[-3000:]
     events = [json.loads(x) for x in out.splitlines()]
@@ -183,15 +214,21 @@ def test_kill_9_mid_ingest_then_restart_converges_exactly(kafka_bootstrap, new_t
 
     dead = dlq_records(kafka_bootstrap, topic, expect=len(bad_at))
     assert set(dead) == {prod.where[i] for i in bad_at}  # each bad message, with its offset
-    assert any("field 'n'" in e for e in dead.values()) and any("invalid JSON" in e for e in dead.values())
+    assert any("field 'n'" in e for e in dead.values()) and any(
+        "invalid JSON" in e for e in dead.values()
+    )
 
 
-def test_bad_messages_are_dead_lettered_and_ingestion_continues(kafka_bootstrap, new_topic, tmp_path):
+def test_bad_messages_are_dead_lettered_and_ingestion_continues(
+    kafka_bootstrap, new_topic, tmp_path
+):
     topic = new_topic(partitions=1, prefix="ingest_bad")
     prod = Produced(kafka_bootstrap, topic)
     cases = {
         prod.send("a", doc("a", 1)): None,
-        prod.send("big", b'{"id": "big", "body": "' + b"x" * 5000 + b'"}'): "exceeds max_message_bytes",
+        prod.send(
+            "big", b'{"id": "big", "body": "' + b"x" * 5000 + b'"}'
+        ): "exceeds max_message_bytes",
         prod.send(None, None): "tombstone without a message key",
         prod.send("nokey", {"n": 3}): "missing key field 'id'",
         prod.send("v", {"id": "v", "vec": [1, 2]}): "vector of 4",
@@ -202,7 +239,9 @@ def test_bad_messages_are_dead_lettered_and_ingestion_continues(kafka_bootstrap,
     log = tmp_path / "dead.jsonl"
     ds = Dataset.create("docs", schema_from_spec(SCHEMA), "id", INDEXES)
     tr = FreshnessTracker()
-    opts = IngestOptions(kafka_bootstrap, topic, "fabric.test.bad", max_message_bytes=4096, dead_letter=f"log:{log}")
+    opts = IngestOptions(
+        kafka_bootstrap, topic, "fabric.test.bad", max_message_bytes=4096, dead_letter=f"log:{log}"
+    )
     ing = KafkaIngestor("docs", ds, opts, tracker=tr).start()
     try:
         assert ing.wait_caught_up(30)
@@ -233,7 +272,9 @@ def test_lag_is_exact_and_ignores_deleted_ranges_and_empty_partitions(kafka_boot
         f.result(10)
     tr = FreshnessTracker()
     ds = Dataset.create("docs", schema_from_spec(SCHEMA), "id", INDEXES)
-    ing = KafkaIngestor("docs", ds, IngestOptions(kafka_bootstrap, topic, "fabric.test.lag"), tracker=tr)
+    ing = KafkaIngestor(
+        "docs", ds, IngestOptions(kafka_bootstrap, topic, "fabric.test.lag"), tracker=tr
+    )
     ing._open()
     ing._measure_lag()
     assert tr.source("docs").lag_messages == 400  # 150 + 250, not 500
@@ -299,7 +340,10 @@ def test_checkpoint_is_atomic_when_the_writer_dies(tmp_path):
 
 def test_fast_and_exact_decoders_agree():
     schema = schema_from_spec(SCHEMA)
-    values = [json.dumps(doc(f"k{i}", i) | {"ts": "2026-11-29T12:00:00+00:00"}).encode() for i in range(300)]
+    values = [
+        json.dumps(doc(f"k{i}", i) | {"ts": "2026-11-29T12:00:00+00:00"}).encode()
+        for i in range(300)
+    ]
     values[17] = b'{"id": "x", "n": 1.5}'
     values[250] = b'{"id": "y", "ts": 1700000000}'  # epoch: only the exact path takes it
     dec = JsonDecoder(schema, min_chunk=16)
@@ -310,3 +354,99 @@ def test_fast_and_exact_decoders_agree():
     assert errors == ref_errors and [i for i, _ in errors] == [17]
     assert batch.to_pylist() == ref.to_pylist()
     assert dec.fast_batches > 0 and dec.fallback_batches >= 2
+
+
+# the Rust binary itself: killing the `noida-db` Python wrapper would leave it running
+NOIDA = next(
+    iter(sorted((ROOT / ".services" / "venv").glob("lib/python*/site-packages/noida_db/noida-db"))),
+    Path("/nonexistent"),
+)
+
+
+def _start_noida(port: int, data: Path, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [
+            str(NOIDA),
+            "start",
+            "--only",
+            "kafka",
+            "--host",
+            "127.0.0.1",
+            "--kafka-port",
+            str(port),
+            "--data-dir",
+            str(data),
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            md = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=2)
+            if md.brokers:
+                return proc
+        except Exception:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"private noida-db on {port} did not start: {log.read_text()[-2000:]}")
+
+
+@pytest.mark.kafka
+@pytest.mark.skipif(not NOIDA.exists(), reason="noida-db not installed: run scripts/services up")
+def test_broker_down_keeps_serving_marks_stale_and_resumes(tmp_path):
+    """A private broker (the shared one stays up): kill it mid-run, then bring it back."""
+    import socket as _s
+
+    with _s.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bootstrap = f"127.0.0.1:{port}"
+    data, log = tmp_path / "noida", tmp_path / "noida.log"
+    broker = _start_noida(port, data, log)
+    ing = None
+    try:
+        from confluent_kafka.admin import NewTopic
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("live", 1, 1)])["live"].result(10)
+        p = Producer({"bootstrap.servers": bootstrap})
+        for i in range(100):
+            p.produce("live", key=f"k{i}", value=json.dumps(doc(f"k{i}", i)).encode())
+        p.flush(10)
+        tr = FreshnessTracker()
+        events: list[dict] = []
+        tr.listen(events.append)
+        ds = Dataset.create("docs", schema_from_spec(SCHEMA), "id", INDEXES)
+        ing = KafkaIngestor(
+            "docs", ds, IngestOptions(bootstrap, "live", "fabric.test.down"), tracker=tr
+        ).start()
+        assert ing.wait_caught_up(30) and ds.count() == 100
+
+        broker.kill()
+        broker.wait(10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not tr.source("docs").stale:
+            time.sleep(0.1)
+        f = tr.source("docs")
+        assert f.stale and f.last_error, f
+        assert events[-1]["event"] == "data_stale" and events[-1]["last_error"]
+        assert ds.count() == 100 and ds.get("k7")["n"] == 7  # still serving what it has
+
+        broker = _start_noida(port, data, log)
+        p = Producer({"bootstrap.servers": bootstrap})
+        for i in range(100, 150):
+            p.produce("live", key=f"k{i}", value=json.dumps(doc(f"k{i}", i)).encode())
+        assert p.flush(20) == 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (ds.count() == 150 and ing.caught_up()):
+            time.sleep(0.1)
+        assert ds.count() == 150, (ds.count(), ing.last_error)
+        f = tr.source("docs")
+        assert not f.stale and f.last_error is None and f.lag_messages == 0
+        assert [e["event"] for e in events if e["event"] != "heartbeat"][-1] == "data_fresh"
+    finally:
+        if ing is not None:
+            ing.stop(checkpoint_now=False)
+        broker.kill()
+        broker.wait(10)

@@ -87,7 +87,9 @@ def wait(pred, timeout: float, what: str):
 
 
 def doc(i: int) -> bytes:
-    return json.dumps({"id": f"d{i}", "n": i, "body": f"w{i % 50} tick", "vec": [i % 7, 1, i % 3, 0.5]}).encode()
+    return json.dumps(
+        {"id": f"d{i}", "n": i, "body": f"w{i % 50} tick", "vec": [i % 7, 1, i % 3, 0.5]}
+    ).encode()
 
 
 def test_fabric_serve_signals_a_producer_outrunning_ingestion(kafka_bootstrap, new_topic, tmp_path):
@@ -119,7 +121,15 @@ ingest: {{batch_size: 2000}}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fabric.server", "--config", str(tmp_path / "fabric.yaml"), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "fabric.server",
+            "--config",
+            str(tmp_path / "fabric.yaml"),
+            "--port",
+            str(port),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -132,9 +142,16 @@ ingest: {{batch_size: 2000}}
         for i in range(200):
             p.produce(topic, key=f"d{i}", value=doc(i))
         p.flush()
-        wait(lambda: get_json(base + "/v1/freshness")["sources"]["docs"]["ingested_total"] == 200, 30, "200 ingested")
+        wait(
+            lambda: get_json(base + "/v1/freshness")["sources"]["docs"]["ingested_total"] == 200,
+            30,
+            "200 ingested",
+        )
         snap = get_json(base + "/v1/freshness")
-        assert snap["sources"]["docs"]["state"] == "fresh" and snap["bindings"]["doc_search"]["state"] == "fresh"
+        assert (
+            snap["sources"]["docs"]["state"] == "fresh"
+            and snap["bindings"]["doc_search"]["state"] == "fresh"
+        )
         assert transitions(rx.udp) == []
 
         burst = 60_000  # much faster than the dataset can index them
@@ -149,16 +166,28 @@ ingest: {{batch_size: 2000}}
         assert stale["lag_messages"] > 1000 and stale["at"].endswith("+00:00")
         seen_stale = get_json(base + "/v1/freshness?binding=doc_search")
         wait(lambda: "data_fresh" in transitions(rx.udp), 180, "data_fresh over UDP")
-        wait(lambda: transitions(rx.hook) == ["data_stale", "data_fresh"], 30, "the webhook to get both")
+        wait(
+            lambda: transitions(rx.hook) == ["data_stale", "data_fresh"],
+            30,
+            "the webhook to get both",
+        )
         assert transitions(rx.udp) == ["data_stale", "data_fresh"]  # once each: no flapping
         fresh = next(e for e in rx.udp if e["event"] == "data_fresh")
         assert fresh["lag_messages"] <= 500
         assert seen_stale["state"] == "stale" or seen_stale["lag_messages"] >= 0
 
         final = get_json(base + "/v1/freshness")
-        wait(lambda: get_json(base + "/v1/freshness")["sources"]["docs"]["ingested_total"] == 200 + burst, 60, "all ingested")
+        wait(
+            lambda: (
+                get_json(base + "/v1/freshness")["sources"]["docs"]["ingested_total"] == 200 + burst
+            ),
+            60,
+            "all ingested",
+        )
         final = get_json(base + "/v1/freshness")
-        assert final["sources"]["docs"]["lag_messages"] == 0 and final["totals"]["stale_bindings"] == 0
+        assert (
+            final["sources"]["docs"]["lag_messages"] == 0 and final["totals"]["stale_bindings"] == 0
+        )
         health = get_json(base + "/healthz")
         assert health["datasets"]["docs"] == 200 + burst
         assert health["ingestors"]["docs"]["group"].startswith("fabric.")
@@ -166,7 +195,10 @@ ingest: {{batch_size: 2000}}
         assert beats and all(b["source"] == "docs" for b in beats)
         with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
             metrics = r.read().decode()
-        assert f'fabric_source_ingested_messages_total{{source="docs"}} {float(200 + burst)}' in metrics
+        assert (
+            f'fabric_source_ingested_messages_total{{source="docs"}} {float(200 + burst)}'
+            in metrics
+        )
     finally:
         proc.terminate()
         try:

@@ -330,7 +330,7 @@ class KafkaIngestor:
             "reconnect.backoff.max.ms": 5000,
             "fetch.max.bytes": max(52428800, self.options.max_message_bytes * 2),
             "error_cb": self._on_kafka_error,
-            "log_level": 3,
+            "logger": logging.getLogger("fabric.ingest.librdkafka"),
             **dict(self.options.consumer_config),
         }
 
