@@ -194,6 +194,7 @@ def test_eight_concurrent_calls_one_hostile(news):
         ("drip", SandboxTimeout, "wall-clock"),
         ("flood", SandboxViolation, "over the limit"),
         ("garbage", SandboxViolation, "malformed Arrow"),
+        ("zstd", SandboxViolation, "compressed IPC buffers are not accepted"),
         ("header", SandboxViolation, "malformed reply"),
         ("die", SandboxViolation, "crashed"),
         ("silent", SandboxTimeout, "wall-clock"),

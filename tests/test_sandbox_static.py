@@ -89,3 +89,10 @@ def test_class_with_allowed_and_forbidden_special_methods():
     bad = "class P:\n    def __getattribute__(self, n):\n        return 1\ndef run(t):\n    return t\n"
     (d,) = check_snippet(bad, file="f.yaml", line=1, col=1)
     assert "__getattribute__" in d.message and d.span.line == 2
+
+
+def test_a_local_named_like_a_forbidden_builtin_is_fine():
+    src = "def run(table, input=None):\n    vars = [input]\n    return table if vars else table\n"
+    assert check_snippet(src, file="g.yaml", line=1, col=1) == []
+    (d,) = check_snippet("def run(table):\n    return vars(table)\n", file="g.yaml", line=1, col=1)
+    assert "'vars' is not allowed" in d.message

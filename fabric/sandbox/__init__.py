@@ -18,7 +18,7 @@ from .errors import (
 )
 from .limits import SandboxLimits
 from .policy import ALLOWED_MODULES
-from .pool import SandboxPool
+from .pool import SandboxPool, shared_pool
 from .static import check_snippet, snippet_params
 
 __all__ = [
@@ -31,5 +31,6 @@ __all__ = [
     "SandboxTimeout",
     "SandboxViolation",
     "check_snippet",
+    "shared_pool",
     "snippet_params",
 ]

@@ -124,12 +124,14 @@ def address_space() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _chroot(jail: str) -> None:
+def _chroot(jail: str | None) -> None:
+    assert jail is not None
     os.chroot(jail)
     os.chdir("/")
 
 
-def _drop_privileges(uid: int, gid: int) -> None:
+def _drop_privileges(uid: int | None, gid: int | None) -> None:
+    assert uid is not None and gid is not None
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)

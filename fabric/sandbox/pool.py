@@ -18,6 +18,7 @@ import queue
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -91,7 +92,9 @@ class _Worker:
         for fd in (p2c_r, c2p_w, *shm_fds):
             os.close(fd)
         self.rfd, self.wfd, self.pid = c2p_r, p2c_w, self.proc.pid
-        for fd in (self.rfd, self.wfd, self.proc.stderr.fileno()):
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr
+        for fd in (self.rfd, self.wfd, self.stderr.fileno()):
             os.set_blocking(fd, False)
         self.rpoll, self.wpoll = select.poll(), select.poll()
         self.rpoll.register(self.rfd, select.POLLIN)
@@ -134,15 +137,18 @@ class _Worker:
                     raise _WorkerGone from None
                 self._wait(self.wpoll, deadline, check)
 
-    def recv(self, deadline, check, max_payload: int) -> tuple[dict, bytes]:
+    def recv(self, deadline, check, max_payload: int) -> tuple[dict, bytes | bytearray]:
         hlen, plen = PREFIX.unpack(self._read(PREFIX.size, deadline, check))
         if hlen > MAX_HEADER_BYTES:
             raise ValueError(f"a {hlen}-byte header")
         if plen > max_payload:
             raise OverflowError(plen)
-        header = json.loads(self._read(hlen, deadline, check))
+        try:
+            header = json.loads(self._read(hlen, deadline, check))
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"a header that is not JSON ({exc})") from None
         if not isinstance(header, dict):
-            raise ValueError("worker header is not an object")
+            raise ValueError("a header that is not a JSON object")
         shm = header.get("shm")
         if shm is not None and self.shm_out is not None:
             if not isinstance(shm, int) or shm < 0 or shm > len(self.shm_out):
@@ -193,7 +199,7 @@ class _Worker:
 
     def stderr_tail(self) -> str:
         try:
-            data = self.proc.stderr.read(65536) or b""
+            data = self.stderr.read(65536) or b""
         except (OSError, ValueError):
             data = b""
         return data.decode(errors="replace").strip()[-1500:]
@@ -206,8 +212,7 @@ class _Worker:
         for fd in (self.rfd, self.wfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        if self.proc.stderr:
-            self.proc.stderr.close()
+        self.stderr.close()
         for region in (self.shm_in, self.shm_out):
             if region is not None:
                 region.close()
@@ -323,15 +328,21 @@ class SandboxPool:
         }  # the fabric's own environment (secrets!) is not passed on
         self.layers: dict[str, str] = {}
         first = self._spawn()
+        assert first is not None
         self.layers = dict(first.layers)
         self._warn_layers()
         self._idle.put(first)
         for _ in range(size - 1):
-            self._idle.put(self._spawn())
+            worker = self._spawn()
+            if worker is not None:
+                self._idle.put(worker)
 
     # worker lifecycle -----------------------------------------------------------------
-    def _spawn(self) -> _Worker:
+    def _spawn(self) -> _Worker | None:
+        """Start a worker if the pool has room for one (checked and counted atomically)."""
         with self._lock:
+            if self._live >= self.size:
+                return None
             self._live += 1
         try:
             shm = self.limits.output_bytes if self.transport == "shm" else 0
@@ -357,10 +368,9 @@ class SandboxPool:
                 return self._idle.get_nowait()
             except queue.Empty:
                 pass
-            with self._lock:
-                can_spawn = self._live < self.size
-            if can_spawn:
-                return self._spawn()
+            worker = self._spawn()
+            if worker is not None:
+                return worker
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SandboxError(
@@ -395,17 +405,15 @@ class SandboxPool:
 
     def _replace(self) -> None:
         try:
-            with self._lock:
-                if self._live >= self.size:
-                    return
             worker = self._spawn()
         except Exception as exc:  # the next run() retries the spawn and reports it
             log.error("could not replace a sandbox worker: %s", exc)
             return
-        if self._closed:
-            self._release(worker, False)
-        else:
-            self._idle.put(worker)
+        if worker is None:
+            return
+        self._idle.put(worker)
+        if self._closed:  # closed while it was starting
+            self.close()
 
     def close(self) -> None:
         self._closed = True
@@ -451,6 +459,8 @@ class SandboxPool:
             self._check(snippet, origin)
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
+        if not isinstance(table, pa.Table):
+            raise TypeError(f"SandboxPool.run needs a pyarrow.Table, got {type(table).__name__}")
         header = {"source": snippet, "params": params or {}, "limits": asdict(limits)}
         worker = self._acquire()
         healthy = False
@@ -462,8 +472,8 @@ class SandboxPool:
         finally:
             self._release(worker, healthy)
         if reply.get("status") != "ok":
-            cls = ERROR_CLASSES.get(reply.get("kind"), SandboxViolation)
-            raise origin.error(cls, str(reply.get("message")), reply.get("line"))
+            cls = ERROR_CLASSES.get(str(reply.get("kind")), SandboxViolation)
+            raise origin.error(cls, str(reply.get("message"))[:2000], reply.get("line"))
         return _parse_result(payload, limits, origin)
 
     def _check(self, snippet: str, origin: _Origin) -> None:
@@ -481,7 +491,7 @@ class SandboxPool:
 
     def _call(
         self, worker: _Worker, request, limits: SandboxLimits, origin: _Origin
-    ) -> tuple[dict, bytes]:
+    ) -> tuple[dict, bytes | bytearray]:
         watch = _Watch(worker, limits)
         try:
             worker.send(request, watch.remaining_deadline, watch.check)
@@ -566,9 +576,10 @@ class _Origin:
         return cls(self.binding, detail, span, " " * (self.col - 1) + text)
 
 
-def _parse_result(payload: bytes, limits: SandboxLimits, origin: _Origin) -> pa.Table:
-    """Trust nothing from the worker: parse, fully validate and re-check the caps."""
+def _parse_result(payload: bytes | bytearray, limits: SandboxLimits, origin: _Origin) -> pa.Table:
+    """Trust nothing from the worker: pre-check, parse, fully validate and re-check the caps."""
     try:
+        _check_ipc_messages(payload, limits.max_rows)
         table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
         table.validate(full=True)
     except Exception as exc:
@@ -582,3 +593,71 @@ def _parse_result(payload: bytes, limits: SandboxLimits, origin: _Origin) -> pa.
             None,
         )
     return table
+
+
+_SHARED: SandboxPool | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool(size: int = 2, limits: SandboxLimits | None = None) -> SandboxPool:
+    """The process-wide pool the fabric's executor uses (started on first use, closed at exit)."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None or _SHARED._closed:
+            import atexit
+
+            _SHARED = SandboxPool(size=size, limits=limits)
+            atexit.register(_SHARED.close)
+        return _SHARED
+
+
+def _check_ipc_messages(payload: bytes | bytearray, max_rows: int) -> None:
+    """Refuse compressed bodies (a decompression bomb would allocate in the fabric), message
+    kinds other than schema/batches, and declared row counts over the cap, before reading.
+
+    Reads the few flatbuffer fields needed from each message's metadata
+    (Message.header_type/header, RecordBatch.length/compression, DictionaryBatch.data).
+    """
+    rows = 0
+    for message in pa.ipc.MessageReader.open_stream(pa.py_buffer(payload)):
+        meta = message.metadata.to_pybytes()
+        root = _fb_deref(meta, 0)
+        kind = _fb_scalar(meta, root, 1, "<B", 0)
+        if kind == 1:  # Schema
+            continue
+        if kind not in (2, 3):
+            raise ValueError(f"unexpected IPC message type {kind}")
+        batch = _fb_field(meta, root, 2)
+        if batch is None:
+            raise ValueError("IPC message without a header")
+        batch = _fb_deref(meta, batch)
+        if kind == 2:  # DictionaryBatch: its RecordBatch is field 1
+            inner = _fb_field(meta, batch, 1)
+            if inner is None:
+                raise ValueError("dictionary batch without data")
+            batch = _fb_deref(meta, inner)
+        if _fb_field(meta, batch, 3) is not None:
+            raise ValueError("compressed IPC buffers are not accepted from a sandbox worker")
+        if kind == 3:
+            rows += _fb_scalar(meta, batch, 0, "<q", 0)
+            if rows > max_rows:
+                raise ValueError(f"batches declare {rows} rows, over the limit of {max_rows}")
+
+
+def _fb_deref(buf: bytes, pos: int) -> int:
+    return pos + struct.unpack_from("<I", buf, pos)[0]
+
+
+def _fb_field(buf: bytes, table: int, index: int) -> int | None:
+    """Position of field ``index`` of the flatbuffer table at ``table`` (None if absent)."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    vt_size = struct.unpack_from("<H", buf, vtable)[0]
+    if 4 + 2 * index + 2 > vt_size:
+        return None
+    offset = struct.unpack_from("<H", buf, vtable + 4 + 2 * index)[0]
+    return table + offset if offset else None
+
+
+def _fb_scalar(buf: bytes, table: int, index: int, fmt: str, default: int) -> int:
+    pos = _fb_field(buf, table, index)
+    return default if pos is None else struct.unpack_from(fmt, buf, pos)[0]

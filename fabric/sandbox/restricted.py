@@ -12,7 +12,7 @@ import builtins
 import difflib
 import importlib
 import sys
-from types import ModuleType
+from types import FrameType, ModuleType
 
 from .policy import (
     ALLOWED_MODULES,
@@ -62,7 +62,7 @@ def snippet_line(tb=None) -> int | None:
                 line = tb.tb_lineno
             tb = tb.tb_next
         return line
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename == SNIPPET_FILE:
             return frame.f_lineno

@@ -45,7 +45,7 @@ def check_snippet(source: str, *, file: str, line: int, col: int) -> list[Diagno
                 hint="fix the Python syntax of the snippet",
             )
         ]
-    checker = _Checker(where)
+    checker = _Checker(where, _bound_names(tree))
     checker.visit(tree)
     diags = checker.diags
     runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
@@ -115,8 +115,8 @@ class _Where:
 
 
 class _Checker(ast.NodeVisitor):
-    def __init__(self, where: _Where):
-        self.where = where
+    def __init__(self, where: _Where, bound: set[str]):
+        self.where, self.bound = where, bound
         self.diags: list[Diagnostic] = []
         self.class_depth = 0
 
@@ -172,7 +172,9 @@ class _Checker(ast.NodeVisitor):
 
     # names and attributes --------------------------------------------------------------
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in FORBIDDEN_BUILTINS or DUNDER_IN_TEXT.fullmatch(node.id):
+        if DUNDER_IN_TEXT.fullmatch(node.id) or (
+            node.id in FORBIDDEN_BUILTINS and node.id not in self.bound
+        ):
             self.flag(
                 node,
                 f"'{node.id}' is not allowed in pushdown python",
@@ -272,6 +274,23 @@ class _Checker(ast.NodeVisitor):
             self._check_bound_name(node, name)
 
     visit_Nonlocal = visit_Global  # type: ignore[assignment]
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Names the snippet binds itself (a local ``input`` is not the builtin)."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add(node.asname or node.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound
 
 
 def _hidden(module: str) -> frozenset[str]:

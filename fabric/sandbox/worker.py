@@ -16,6 +16,8 @@ import os
 import resource
 import signal
 import sys
+import types
+from typing import Any
 
 # Single-threaded numeric libraries: thread creation is blocked once locked down.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -118,7 +120,7 @@ def _prewarm() -> None:
         np.arange(3),
         np.array(["x"]),
         np.array(["2024-01-01"], "datetime64[s]"),
-        np.ma.masked_array([1, 2], mask=[0, 1]),
+        np.ma.masked_array([1, 2], mask=np.array([False, True])),
     ):
         pa.array(arr)
     pa.table({"x": np.zeros(3)}).column("x").to_numpy()
@@ -187,7 +189,7 @@ def _cpu_used() -> float:
 
 
 def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
-    code_cache: dict[str, tuple[object, bool]] = {}
+    code_cache: dict[str, tuple[types.CodeType, bool]] = {}
     shared = restricted.SharedState()
     base_depth = len(_stack_depth())
     while True:
@@ -197,7 +199,8 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
         header, payload = msg
         limits = header["limits"]
         guard = Guard()
-        cached = None
+        cached: tuple[types.CodeType, bool] | None = None
+        result = None
         _State.limit_hit = None
         reply: dict
         out_payload = b""
@@ -212,7 +215,9 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
                 code_cache[src] = cached
             code = cached[0]
             shared.reset()
-            env = restricted.namespace(guard) if restricted_python else {"__name__": "pushdown"}
+            env: dict[str, Any] = (
+                restricted.namespace(guard) if restricted_python else {"__name__": "pushdown"}
+            )
             call_limits.apply(limits)
             sys.setrecursionlimit(base_depth + 50 + int(limits["max_recursion"]))
             _State.in_snippet = True
@@ -240,9 +245,9 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
 
 
 def _encode_result(result, limits: dict, shm_out) -> tuple[dict, bytes]:
-    if isinstance(result, pa.RecordBatch):
+    if type(result) is pa.RecordBatch:
         result = pa.Table.from_batches([result])
-    if not isinstance(result, pa.Table):
+    if type(result) is not pa.Table:  # exactly: a subclass could run snippet code from here
         return _error(
             "violation", f"run() returned {type(result).__name__}, expected a pyarrow.Table", None
         ), b""
@@ -285,8 +290,9 @@ def _encode_result(result, limits: dict, shm_out) -> tuple[dict, bytes]:
     return {"status": "ok", "rows": result.num_rows}, buf
 
 
-def _stack_depth() -> list:
-    frames, f = [], sys._getframe()
+def _stack_depth() -> list[types.FrameType]:
+    frames: list[types.FrameType] = []
+    f: types.FrameType | None = sys._getframe()
     while f is not None:
         frames.append(f)
         f = f.f_back

@@ -2,7 +2,7 @@
 
 Usage: evil_worker.py MODE --in FD --out FD [ignored pool options...]
 MODE: drip (slow-drip output), flood (claims a huge payload), garbage (bytes that are not
-Arrow), header (an oversized header), die (exits mid-reply), silent (never answers).
+Arrow), header (an oversized header), zstd (compressed Arrow), die (exits mid-reply), silent (never answers).
 """
 
 import json
@@ -56,6 +56,15 @@ def main() -> None:
         elif mode == "die":
             send({"status": "ok", "rows": 1}, claimed=100)
             os._exit(3)
+        elif mode == "zstd":  # valid Arrow, but compressed: a decompression bomb in the making
+            import pyarrow as pa
+
+            table = pa.table({"x": pa.array([0] * 100_000)})
+            sink = pa.BufferOutputStream()
+            opts = pa.ipc.IpcWriteOptions(compression="zstd")
+            with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
+                w.write_table(table)
+            send({"status": "ok", "rows": 1}, sink.getvalue().to_pybytes())
         elif mode == "silent":
             time.sleep(600)
 
