@@ -59,6 +59,8 @@ class Receivers:
                 self.udp.append(json.loads(self.sock.recv(65536)))
             except TimeoutError:
                 continue
+            except OSError:  # closed at the end of the test
+                return
 
     def close(self):
         self.stop.set()
@@ -202,10 +204,10 @@ ingest: {{batch_size: 2000}}
     finally:
         proc.terminate()
         try:
-            out, err = proc.communicate(timeout=30)
+            _out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, err = proc.communicate()
+            _out, err = proc.communicate()
         rx.close()
     assert proc.returncode == 0, err[-3000:]
     assert (tmp_path / ".fabric" / "state" / "docs" / "CURRENT").exists()  # checkpoint on shutdown

@@ -83,7 +83,7 @@ def run(
         for s, lag in lags.items():
             tracker.record_applied(s, int(7000 * dt), newest_event_time=clock[0] - lag / 5000)
             tracker.update_lag(s, lag)
-        for name, gpu in list(sched.holding().items()):
+        for name in list(sched.holding()):
             behind = lags[source_of[agents[name]]] > BOUND
             if progress[name] == 0.0 and behind:  # the job cannot start: the GPU waits with it
                 out.wasted += dt
