@@ -724,6 +724,15 @@ class _Builder:
                 pd.span,
                 "def run(table):  # pyarrow.Table in, pyarrow.Table out",
             )
+        # the sandbox's static layer (forbidden imports, dunder access, ...) at compile time
+        try:
+            from fabric.sandbox import check_snippet
+        except ImportError:  # the sandbox module is optional at plan time
+            check_snippet = None
+        if check_snippet is not None:
+            diags = check_snippet(pd.python, file=pd.file, line=pd.line, col=pd.col)
+            if diags:
+                raise DslError(diags)
         params = []
         for n in pd.params:
             if n.value not in self.params:
