@@ -66,6 +66,21 @@ class DeclaredSource(Source):
         )
 
 
+class _SandboxHook:
+    """Adapts the plan's ``SandboxLimitsSpec`` (a binding's ``pushdown.limits``) to the
+    pool's ``SandboxLimits``, unset values falling back to the pool's (fabric.yaml) limits."""
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+
+    def run(self, code: str, table: Any, *, limits: Any = None, **kw: Any) -> Any:
+        from fabric.sandbox import SandboxLimits
+
+        if limits is not None and not isinstance(limits, SandboxLimits):
+            limits = SandboxLimits.from_settings(limits, base=self.pool.limits)
+        return self.pool.run(code, table, limits=limits, **kw)
+
+
 @dataclass(frozen=True)
 class SourceView:
     """What the planner knows about one source without moving data."""
@@ -238,6 +253,15 @@ class Catalog:
             )
         caps = frozenset(getattr(src, "capabilities", frozenset())) | {"vector_search"}
         return SourceView(uri, "dataset", src.schema(), caps, src, dc)
+
+    # ---- execution hooks
+    def sandbox(self) -> Any:
+        """The sandbox pool that runs ``pushdown.python`` (the executor's hook), sized and
+        limited by ``sandbox:`` in fabric.yaml; started on first use."""
+        from fabric.sandbox import SandboxLimits, shared_pool
+
+        sb = self.config.sandbox
+        return _SandboxHook(shared_pool(size=sb.workers, limits=SandboxLimits.from_settings(sb)))
 
     # ---- invalidation
     def refresh(self) -> bool:

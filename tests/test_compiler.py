@@ -211,3 +211,40 @@ def test_query_runs_through_the_executor(root: Path) -> None:
             "from memory://shop/merchants as m where m.rating >= 4.0 select m.name order by m.name"
         )
         assert res.table.column("name").to_pylist() == ["a", "c"]
+
+
+def test_pushdown_python_runs_in_the_sandbox(root: Path) -> None:
+    pytest.importorskip("fabric.execute")
+    pytest.importorskip("fabric.sandbox")
+    _write(
+        root / "agents" / "top.yaml",
+        """\
+binding: top
+session: {n: int}
+sources:
+  m: {from: memory://shop/merchants}
+select: [m.name, m.rating]
+pushdown:
+  python: |
+    def run(table, n):
+        import pyarrow.compute as pc
+        idx = pc.sort_indices(table, sort_keys=[("rating", "descending")])
+        return table.take(idx[:n])
+  params: [n]
+""",
+    )
+    with fabric.open(root / "fabric.yaml", watch=False, ingest=False) as fab:
+        fab.catalog.connection("shop").add(
+            "merchants",
+            pa.table(
+                {
+                    "id": [1, 2, 3],
+                    "name": ["a", "b", "c"],
+                    "status": ["x", "x", "x"],
+                    "rating": [1.0, 5.0, 3.0],
+                }
+            ),
+        )
+        fab.catalog.refresh()
+        res = fab.query("top", session={"n": 2})
+        assert res.table.column("name").to_pylist() == ["b", "c"]
