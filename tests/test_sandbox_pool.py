@@ -127,7 +127,15 @@ def test_runtime_error_names_binding_and_file_line(pool, news):
 def test_timeout_reports_the_running_line(pool, news):
     src = "def run(table):\n    n = 0\n    while True:\n        n += 1\n"
     with pytest.raises(SandboxTimeout) as ei:
-        pool.run(src, news, binding="spin", snippet_origin=("agents/spin.yaml", 5, 3))
+        pool.run(
+            src,
+            news,
+            binding="spin",
+            snippet_origin=("agents/spin.yaml", 5, 3),
+            limits=SandboxLimits(
+                cpu_seconds=1, wall_seconds=60
+            ),  # CPU fires first, even on a busy machine
+        )
     assert ei.value.span.line in (7, 8)  # the loop line or its body
     assert "CPU-time" in str(ei.value)
     assert pool.run("def run(t):\n    return t\n", news, binding="ok").num_rows == news.num_rows
@@ -259,3 +267,30 @@ def test_one_snippet_cannot_poison_library_state_for_the_next():
         with pytest.raises(SandboxRuntimeError, match="FloatingPointError"):
             p.run(np_err, t, params={"set_raise": True}, binding="raise")
         assert p.run(np_err, t, binding="after")["x"][0].as_py() == float("inf")
+
+
+def test_pool_from_fabric_config_narrows_the_allowlist_and_sets_limits():
+    from fabric.config import SandboxConfig
+
+    cfg = SandboxConfig(cpu_seconds=1, wall_seconds=3, memory_mb=256, output_mb=8, allowed_imports=("re", "json", "hashlib"), workers=1)  # fmt: skip
+    t = pa.table({"s": ["a1", "b22"]})
+    with SandboxPool.from_config(cfg) as p:
+        assert p.limits == SandboxLimits(cpu_seconds=1, wall_seconds=3, memory_bytes=256 << 20, output_bytes=8 << 20)  # fmt: skip
+        src = "import re, hashlib\nimport pyarrow as pa\ndef run(table):\n    return pa.table({'h': [hashlib.sha1(s.encode()).hexdigest()[:6] + re.sub('[a-z]', '', s) for s in table['s'].to_pylist()]})\n"
+        with pytest.raises(SandboxViolation, match="import of 'pyarrow' is not allowed"):
+            p.run(src, t, binding="h")
+    with SandboxPool(size=1, allowed_modules=["re", "hashlib", "pyarrow"]) as p:
+        import hashlib
+
+        assert p.run(src, t, binding="h")["h"].to_pylist() == [hashlib.sha1(b"a1").hexdigest()[:6] + "1", hashlib.sha1(b"b22").hexdigest()[:6] + "22"]  # fmt: skip
+    with pytest.raises(ValueError, match="os cannot be allowed"):
+        SandboxPool(size=1, allowed_modules=["re", "os"])
+
+
+def test_limits_from_binding_settings():
+    from dsl.spec import SandboxLimits as SpecLimits
+
+    base = SandboxLimits()
+    got = SandboxLimits.from_settings(SpecLimits(cpu_seconds=0.5, memory_mb=64), base)
+    assert got == SandboxLimits(cpu_seconds=0.5, memory_bytes=64 << 20)
+    assert SandboxLimits.from_settings(SpecLimits(), base) is base

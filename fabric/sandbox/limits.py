@@ -24,6 +24,27 @@ class SandboxLimits:
                     f"SandboxLimits.{f.name} must be positive, got {getattr(self, f.name)!r}"
                 )
 
+    @classmethod
+    def from_settings(cls, settings: Any, base: SandboxLimits | None = None) -> SandboxLimits:
+        """Limits from any object with optional ``cpu_seconds``, ``wall_seconds``,
+        ``memory_mb``, ``output_mb`` (a binding's ``pushdown.limits``, the plan's
+        ``SandboxLimitsSpec``, ``fabric.yaml``'s ``sandbox:``); ``None`` keeps ``base``."""
+        out = base or cls()
+        changes: dict[str, Any] = {}
+        for name, field_name, scale in (
+            ("cpu_seconds", "cpu_seconds", 1),
+            ("wall_seconds", "wall_seconds", 1),
+            ("memory_mb", "memory_bytes", MiB),
+            ("output_mb", "output_bytes", MiB),
+            ("memory_bytes", "memory_bytes", 1),
+            ("output_bytes", "output_bytes", 1),
+            ("max_rows", "max_rows", 1),
+        ):
+            value = getattr(settings, name, None)
+            if value is not None:
+                changes[field_name] = value * scale if scale != 1 else value
+        return replace(out, **changes) if changes else out
+
     def overridden(self, overrides: dict[str, Any] | None) -> SandboxLimits:
         """These limits with a binding's ``limits:`` mapping applied (unknown keys rejected)."""
         if not overrides:

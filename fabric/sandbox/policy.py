@@ -12,6 +12,13 @@ ALLOWED_MODULES: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 
+# Pure-computation modules an operator may add (``sandbox: allowed_imports`` in fabric.yaml).
+OPTIONAL_MODULES: frozenset[str] = frozenset(
+    {"operator", "random", "base64", "binascii", "hashlib", "hmac", "difflib", "textwrap",
+     "copy", "enum", "dataclasses", "typing", "html", "zlib", "calendar", "array", "numbers",
+     "cmath", "colorsys", "struct", "uuid"}
+)  # fmt: skip
+
 # Submodules reachable as attributes of an allowed module (``np.linalg``) and importable.
 SAFE_SUBMODULES: frozenset[str] = frozenset(
     {"pyarrow.compute", "pyarrow.types", "numpy.linalg", "numpy.random", "numpy.fft",
@@ -73,3 +80,25 @@ DUNDER_IN_TEXT = re.compile(r"__[A-Za-z]\w*__")
 def attribute_forbidden(name: str) -> bool:
     """True for attribute names a snippet may not read (by syntax or through ``getattr``)."""
     return name in FORBIDDEN_ATTRIBUTES or name.startswith(FORBIDDEN_ATTRIBUTE_PREFIXES)
+
+
+def resolve_modules(allowed: object = None) -> frozenset[str]:
+    """The allowlist for a pool: the default, or an operator's list (validated).
+
+    Raises ``ValueError`` naming the modules that may never be allowed.
+    """
+    if allowed is None or allowed == () or allowed == []:
+        return ALLOWED_MODULES
+    names = frozenset(str(m) for m in allowed)  # type: ignore[attr-defined]
+    bad = sorted(names - ALLOWED_MODULES - OPTIONAL_MODULES)
+    if bad:
+        raise ValueError(
+            f"module(s) {', '.join(bad)} cannot be allowed in pushdown python; choose from: "
+            + ", ".join(sorted(ALLOWED_MODULES | OPTIONAL_MODULES))
+        )
+    return names
+
+
+def importable(allowed: frozenset[str]) -> frozenset[str]:
+    """Allowed modules plus the safe submodules of allowed packages."""
+    return allowed | {s for s in SAFE_SUBMODULES if s.split(".")[0] in allowed}

@@ -27,11 +27,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from .errors import ERROR_CLASSES, SandboxError, SandboxTimeout, SandboxViolation
 from .limits import SandboxLimits
+from .policy import ALLOWED_MODULES, resolve_modules
 from .protocol import MAX_HEADER_BYTES, PREFIX, encode
 from .static import check_snippet
 
@@ -272,6 +274,7 @@ class SandboxPool:
         cpu_budget: int = 600,
         acquire_timeout: float = 60.0,
         transport: str = "shm",
+        allowed_modules: Sequence[str] | None = None,
         _static_checks: bool = True,
         _restricted_python: bool = True,
         _skip_layers: Sequence[str] = (),
@@ -286,6 +289,7 @@ class SandboxPool:
         if transport not in ("shm", "pipe"):
             raise ValueError(f"SandboxPool transport must be 'shm' or 'pipe', got {transport!r}")
         self.transport = transport
+        self.allowed_modules = resolve_modules(allowed_modules)
         self._static = _static_checks
         self._static_cache: dict[tuple, list] = {}
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -312,6 +316,8 @@ class SandboxPool:
             "--cpu-budget",
             str(cpu_budget),
         ]
+        if self.allowed_modules != ALLOWED_MODULES:
+            self._argv += ["--modules", ",".join(sorted(self.allowed_modules))]
         if not _restricted_python:
             self._argv.append("--no-restricted-python")
         if _skip_layers:
@@ -336,6 +342,16 @@ class SandboxPool:
             worker = self._spawn()
             if worker is not None:
                 self._idle.put(worker)
+
+    @classmethod
+    def from_config(cls, config: Any) -> SandboxPool:
+        """A pool for ``fabric.yaml``'s ``sandbox:`` section (``fabric.config.SandboxConfig``):
+        ``workers``, default limits, ``allowed_imports`` (replaces the allowlist)."""
+        return cls(
+            size=getattr(config, "workers", 2) or 2,
+            limits=SandboxLimits.from_settings(config),
+            allowed_modules=getattr(config, "allowed_imports", None) or None,
+        )
 
     # worker lifecycle -----------------------------------------------------------------
     def _spawn(self) -> _Worker | None:
@@ -480,7 +496,13 @@ class SandboxPool:
         key = (snippet, origin.file, origin.line, origin.col)
         diags = self._static_cache.get(key)
         if diags is None:
-            diags = check_snippet(snippet, file=origin.file, line=origin.line, col=origin.col)
+            diags = check_snippet(
+                snippet,
+                file=origin.file,
+                line=origin.line,
+                col=origin.col,
+                allowed_modules=self.allowed_modules,
+            )
             if len(self._static_cache) > 256:
                 self._static_cache.clear()
             self._static_cache[key] = diags

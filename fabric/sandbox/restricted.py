@@ -18,12 +18,13 @@ from .policy import (
     ALLOWED_MODULES,
     FORBIDDEN_BUILTINS,
     HIDDEN_NAMES,
-    SAFE_SUBMODULES,
     attribute_forbidden,
+    importable,
 )
 
 SNIPPET_FILE = "<pushdown>"
-IMPORTABLE = ALLOWED_MODULES | SAFE_SUBMODULES
+IMPORTABLE: frozenset[str] = importable(ALLOWED_MODULES)
+ALLOWED: frozenset[str] = ALLOWED_MODULES
 
 _SAFE_BUILTIN_NAMES = (
     "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
@@ -70,8 +71,10 @@ def snippet_line(tb=None) -> int | None:
     return None
 
 
-def prepare() -> None:
+def prepare(allowed: frozenset[str] = ALLOWED_MODULES) -> None:
     """Import the allowed modules and compute their public views (before lockdown)."""
+    global IMPORTABLE, ALLOWED
+    ALLOWED, IMPORTABLE = allowed, importable(allowed)
     for name in sorted(IMPORTABLE):
         importlib.import_module(name)
     for name in IMPORTABLE:
@@ -121,7 +124,7 @@ def namespace(guard: Guard) -> dict[str, object]:
             return None
         if level != 0 or name not in IMPORTABLE:
             raise guard.refuse(
-                f"import of '{name}' is not allowed (allowed: {', '.join(sorted(ALLOWED_MODULES))})"
+                f"import of '{name}' is not allowed (allowed: {', '.join(sorted(ALLOWED))})"
             )
         for item in fromlist or ():
             if item == "*" or item.startswith("_") or item in HIDDEN_NAMES.get(name, ()):

@@ -16,23 +16,25 @@ from dsl.errors import Diagnostic, Span, did_you_mean
 
 from .policy import (
     ALLOWED_DUNDER_METHODS,
-    ALLOWED_MODULES,
     DUNDER_IN_TEXT,
     FORBIDDEN_BUILTINS,
-    SAFE_SUBMODULES,
     attribute_forbidden,
+    importable,
+    resolve_modules,
 )
 
-IMPORTABLE = ALLOWED_MODULES | SAFE_SUBMODULES
 
-
-def check_snippet(source: str, *, file: str, line: int, col: int) -> list[Diagnostic]:
+def check_snippet(
+    source: str, *, file: str, line: int, col: int, allowed_modules: frozenset[str] | None = None
+) -> list[Diagnostic]:
     """Diagnostics for a snippet whose first character sits at ``file:line:col``.
 
     Every snippet line is taken to be indented by ``col - 1`` columns in the file (a YAML
     block scalar), so a problem on snippet line ``n`` is reported at file line
     ``line + n - 1``.  An empty list means the snippet passed the static layer.
+    ``allowed_modules`` replaces the default allowlist (see ``policy.resolve_modules``).
     """
+    allowed = resolve_modules(allowed_modules)
     where = _Where(source, file, line, col)
     try:
         tree = ast.parse(source, filename=file, mode="exec")
@@ -45,7 +47,7 @@ def check_snippet(source: str, *, file: str, line: int, col: int) -> list[Diagno
                 hint="fix the Python syntax of the snippet",
             )
         ]
-    checker = _Checker(where, _bound_names(tree))
+    checker = _Checker(where, _bound_names(tree), allowed)
     checker.visit(tree)
     diags = checker.diags
     runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
@@ -115,8 +117,9 @@ class _Where:
 
 
 class _Checker(ast.NodeVisitor):
-    def __init__(self, where: _Where, bound: set[str]):
+    def __init__(self, where: _Where, bound: set[str], allowed: frozenset[str]):
         self.where, self.bound = where, bound
+        self.allowed, self.importable = allowed, importable(allowed)
         self.diags: list[Diagnostic] = []
         self.class_depth = 0
 
@@ -133,11 +136,11 @@ class _Checker(ast.NodeVisitor):
 
     # imports ---------------------------------------------------------------------------
     def _check_module(self, node: ast.AST, name: str) -> None:
-        if name not in IMPORTABLE:
+        if name not in self.importable:
             self.flag(
                 node,
                 f"import of '{name}' is not allowed in pushdown python",
-                did_you_mean(name, sorted(ALLOWED_MODULES), "allowed modules"),
+                did_you_mean(name, sorted(self.allowed), "allowed modules"),
             )
 
     def visit_Import(self, node: ast.Import) -> None:

@@ -26,7 +26,7 @@ os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 import pyarrow as pa  # noqa: E402
 
-from . import oslayers, protocol, restricted  # noqa: E402
+from . import oslayers, policy, protocol, restricted  # noqa: E402
 from .restricted import SNIPPET_FILE, Guard, snippet_line  # noqa: E402
 
 
@@ -92,7 +92,7 @@ class _Channel:
                 view = view[os.write(self.wfd, view) :]
 
 
-def _prewarm() -> None:
+def _prewarm(allowed: frozenset[str]) -> None:
     """Start pyarrow's thread pool and load what pyarrow/numpy import lazily, before lockdown.
 
     After the chroot nothing new can be loaded from disk, so common operations are run
@@ -136,7 +136,7 @@ def _prewarm() -> None:
     statistics.fmean([1.0, 2.0])
     decimal.Decimal("1.1").quantize(decimal.Decimal("0.1"))
     "x".encode("idna")
-    restricted.prepare()
+    restricted.prepare(allowed)
 
 
 def _error(kind: str, message: str, line: int | None) -> dict:
@@ -307,13 +307,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--uid", type=int)
     ap.add_argument("--gid", type=int)
     ap.add_argument("--shm", help="in_fd,out_fd,size of the shared-memory regions")
+    ap.add_argument("--modules", help="comma-separated allowlist (default: policy.ALLOWED_MODULES)")
     ap.add_argument("--max-memory", type=int, default=1 << 30)
     ap.add_argument("--cpu-budget", type=int, default=600)
     ap.add_argument("--no-restricted-python", action="store_true")
     ap.add_argument("--skip-layers", default="", help="comma-separated layers to skip (tests)")
     args = ap.parse_args(argv)
     ch = _Channel(args.rfd, args.wfd, args.shm)
-    _prewarm()
+    _prewarm(frozenset(args.modules.split(",")) if args.modules else policy.ALLOWED_MODULES)
     signal.signal(signal.SIGXCPU, _on_limit_signal)
     signal.signal(signal.SIGUSR1, _on_limit_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
