@@ -263,6 +263,62 @@ class Catalog:
         sb = self.config.sandbox
         return _SandboxHook(shared_pool(size=sb.workers, limits=SandboxLimits.from_settings(sb)))
 
+    def crypto_score(self, node: Any, table: pa.Table, params: Mapping[str, Any]) -> pa.Table:
+        """The executor's hook for ``EncryptedScore``: score the encrypted session value under
+        CKKS with the public context of ``crypto:`` (the fabric holds no secret key).
+
+        ``weighted(ctx, [w..], bias)``, ``dot(ctx, [v..])`` and ``poly(ctx, [c..])`` give one
+        encrypted value shared by every row; ``dot(ctx, t.vec)`` / ``weighted(ctx, t.vec, b)``
+        give one per row (packed: many rows per ciphertext)."""
+        import numpy as np
+
+        from crypto import PublicContext, ops
+        from dsl.ast import Literal, Param
+
+        call = node.expr
+        path = self.config.crypto.public_context
+        if path is None:
+            raise SourceError(
+                "crypto",
+                "encrypted scoring needs the agent's public CKKS context",
+                hint="add crypto: {public_context: agent.pub} to fabric.yaml",
+            )
+        pub = PublicContext.load_cached(path)
+        first = call.args[0]
+        if not isinstance(first, Param) or first.name not in params:
+            raise SourceError(
+                "crypto", f"{call}: the first argument must be a bound encrypted session value"
+            )
+        enc = params[first.name]
+        other = call.args[1]
+        bias = 0.0
+        if len(call.args) > 2:
+            b = call.args[2]
+            bias = (
+                float(b.value)
+                if isinstance(b, Literal)
+                else float(params[b.name])
+                if isinstance(b, Param)
+                else 0.0
+            )
+        if isinstance(other, Literal):
+            values = np.asarray(other.value, dtype=np.float64)
+            if call.name == "poly":
+                value = ops.polyval(pub, enc, values)
+            elif call.name == "weighted":
+                value = ops.weighted(pub, enc, values, bias)
+            else:
+                value = ops.dot(pub, enc, values)
+            column = ops.broadcast(value, table.num_rows)
+        else:
+            name = getattr(other, "qualified", str(other))
+            if name not in table.column_names:
+                name = getattr(other, "name", name)
+            vectors = table.column(name).to_pylist()
+            candidates = np.asarray(vectors, dtype=np.float64).reshape(len(vectors), -1)
+            column = ops.score_dot(pub, enc, candidates, bias=bias)
+        return table.append_column(pa.field(node.name, column.type), column)
+
     # ---- invalidation
     def refresh(self) -> bool:
         """Re-resolve every cached source; bump ``version`` if a schema (or the source

@@ -248,3 +248,46 @@ pushdown:
         fab.catalog.refresh()
         res = fab.query("top", session={"n": 2})
         assert res.table.column("name").to_pylist() == ["b", "c"]
+
+
+def test_encrypted_score_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("fabric.execute")
+    crypto = pytest.importorskip("crypto")
+    ring = crypto.KeyRing.generate()
+    (tmp_path / "agent.pub").write_bytes(ring.public_context())
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "fabric.yaml").write_text("""\
+connections:
+  risk: {kind: memory, schemas: {policies: {name: str, weights: "vector[3]"}}}
+bindings: [agents/]
+crypto: {public_context: agent.pub}
+""")
+    (tmp_path / "agents" / "risk.yaml").write_text("""\
+binding: risk_check
+session: {ctx: "encrypted[3]"}
+sources:
+  p: {from: memory://risk/policies}
+select:
+  - p.name
+  - risk: weighted({{session.ctx}}, [0.5, 0.3, 0.2], 0.1)
+  - score: dot({{session.ctx}}, p.weights)
+""")
+    with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as fab:
+        fab.catalog.connection("risk").add(
+            "policies",
+            pa.table(
+                {
+                    "name": ["strict", "lax"],
+                    "weights": pa.array(
+                        [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]], pa.list_(pa.float32(), 3)
+                    ),
+                }
+            ),
+        )
+        fab.catalog.refresh()
+        res = fab.query("risk_check", session={"ctx": ring.encrypt([0.7, 0.2, 0.9])})
+        assert res.table.column("name").to_pylist() == ["strict", "lax"]
+        risk = [ring.decrypt(x) for x in res.table.column("risk")]
+        score = [ring.decrypt(x) for x in res.table.column("score")]
+        assert risk == pytest.approx([0.5 * 0.7 + 0.3 * 0.2 + 0.2 * 0.9 + 0.1] * 2, abs=1e-3)
+        assert score == pytest.approx([0.7, 0.2 + 0.9], abs=1e-3)
