@@ -44,16 +44,25 @@ class CostModel:
     callback_ns: float = 900.0
     visits_per_ef: float = 12.0
     overhead_ms: float = 0.015
+    overheads: dict[str, float] = field(default_factory=dict)  # measured fixed ms per strategy
     calibrated_at: float | None = None
-    columns: dict[str, list[float]] = field(default_factory=dict)  # column -> [base_ms, per_ef_ms]
+    columns: dict[str, list[list[float]]] = field(default_factory=dict)  # column -> [[ef, ms], ...]
 
     # ---------------------------------------------------------------- unit costs
     def hnsw_ms(self, ef: int, dim: int, column: str | None = None) -> float:
-        if column in self.columns:
-            base, per = self.columns[column]
-            return base + per * ef
+        pts = self.columns.get(column or "")
+        if pts:  # piecewise-linear through the measured points, extrapolated linearly
+            efs, ms = [p[0] for p in pts], [p[1] for p in pts]
+            if ef <= efs[-1] or len(pts) < 2:
+                return float(np.interp(ef, efs, ms))
+            slope = (ms[-1] - ms[-2]) / (efs[-1] - efs[-2])
+            return ms[-1] + slope * (ef - efs[-1])
         scale = dim / self.hnsw_dim
         return (self.hnsw_base_ms + self.hnsw_per_ef_ms * ef) * scale
+
+    def fixed_ms(self, strategy: str) -> float:
+        """Fixed (Python) cost of running ``strategy`` once, beyond its modelled work."""
+        return self.overheads.get(strategy, self.overhead_ms)
 
     def exact_ms(self, rows: int, dim: int, contiguous: bool) -> float:
         per = self.contig_ns_per_dim if contiguous else self.gather_ns_per_dim
@@ -155,12 +164,22 @@ def _calibrate_dataset(cm: CostModel, ds: Any, rng: np.random.Generator) -> None
     sample = sample_rowids(ds, 64, rng)
     if len(sample) < 8:
         return
+    for vi in ds.vectors.values():  # distances over this dataset's own matrix (cache effects)
+        if vi.n >= 10_000:
+            q = vi.vectors[int(sample[0])]
+            t = _best(lambda vi=vi, q=q: vi.distances(q, slice(0, vi.n)), 10)
+            cm.contig_ns_per_dim = t / vi.n / vi.dim * 1e9
+            idx = np.sort(rng.choice(vi.n, vi.n // 50, replace=False))
+            t = _best(lambda vi=vi, q=q, idx=idx: vi.distances(q, idx), 20)
+            cm.gather_ns_per_dim = t / len(idx) / vi.dim * 1e9
+            break
     for col, vi in ds.vectors.items():
         if vi.in_graph >= 1000:
             qs = vi.vectors[sample] + 0.01 * rng.standard_normal(
                 (len(sample), vi.dim), dtype=np.float32
             )
             _measure_graph(cm, col, vi, qs)
+    _measure_overheads(cm, ds, rng)
     scal = [c for c in ds.scalar_names if c != ds.key][:1] or [ds.key]
     ids = sample_rowids(ds, 4096, rng)
     t = ds._scalar_table().select(scal)
@@ -184,13 +203,20 @@ def _calibrate_dataset(cm: CostModel, ds: Any, rng: np.random.Generator) -> None
 def _measure_graph(cm: CostModel, col: str, vi: Any, qs: np.ndarray) -> None:
     """Fit search time = base + per_ef * ef on this graph, and count visited nodes."""
     pts = []
-    for ef in (16, 64, 256):
+    for ef, k in (
+        (16, 10),
+        (64, 10),
+        (128, 10),
+        (256, 256),
+        (1024, 1024),
+        (4096, 4096),
+    ):  # post-filter: k' = ef
+        if k > vi.in_graph:
+            continue
         vi.graph.set_ef(ef)
-        t = _best(lambda: [vi.graph.knn_query(q, k=10, num_threads=1) for q in qs], 3) / len(qs)
+        t = _best(lambda k=k: [vi.graph.knn_query(q, k=k, num_threads=1) for q in qs], 3) / len(qs)
         pts.append((ef, t * 1e3))
-    a = np.array(pts)
-    per, base = np.polyfit(a[:, 0], a[:, 1], 1)
-    cm.columns[col] = [max(float(base), 0.005), max(float(per), 1e-6)]
+    cm.columns[col] = [[float(e), float(m)] for e, m in pts]
     calls = [0]
 
     def count(label: int) -> bool:
@@ -208,3 +234,45 @@ def _measure_graph(cm: CostModel, col: str, vi: Any, qs: np.ndarray) -> None:
     per_call = calls[0] / 3 / len(qs)
     cm.callback_ns = max((filt - plain) / len(qs) / max(per_call, 1.0) * 1e9, 50.0)
     vi.graph.set_ef(vi.spec.ef)
+
+
+def _measure_overheads(cm: CostModel, ds: Any, rng: np.random.Generator) -> None:
+    """Fixed cost per strategy: median(actual - modelled work) on a 2 % B-tree range."""
+    from dsl.ast import Binary, Column, Literal
+    from indexes.dataset import sample_rowids
+
+    if not ds.vectors or not ds.btrees or len(ds.live) < 1000:
+        return
+    col, vi = next(iter(ds.vectors.items()))
+    bcol, bt = (
+        next((c, b) for c, b in ds.btrees.items() if b.kind != "str")
+        if any(b.kind != "str" for b in ds.btrees.values())
+        else (None, None)
+    )
+    if bt is None:
+        return
+    bt.merge()
+    v = bt._to_py(bt.keys[len(bt.keys) // 50])
+    where = Binary("<", Column(bcol), Literal(v, "timestamp" if hasattr(v, "tzinfo") else "float"))
+    qs = vi.vectors[sample_rowids(ds, 40, rng)]
+    saved, ds.cost_model = ds.cost_model, cm
+    cm.overheads = {}
+    try:
+        for s in ("postfilter", "insearch", "prefilter", "exact"):
+            extra = []
+            w = where if s in ("insearch", "prefilter") else None  # small modelled work
+            for q in qs[: 10 if s in ("insearch", "exact") else 40]:
+                _, info = ds.search(col, q, 10, w, strategy=s, guards=False)
+                model = next(a.cost_ms for a in info.alternatives if a.strategy == s)
+                extra.append(
+                    info.elapsed_ms - info.plan_ms - (model - cm.overhead_ms) + _plan_share(info)
+                )
+            cm.overheads[s] = min(max(float(np.median(extra)), 0.005), 0.5)
+    finally:
+        ds.cost_model = saved if saved is not None else cm
+        ds.feedback.clear()
+
+
+def _plan_share(info: Any) -> float:
+    """Planning time is paid by every strategy alike; count it once, in the fixed cost."""
+    return info.plan_ms

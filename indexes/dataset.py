@@ -203,6 +203,18 @@ class Dataset:
         self.alive[ids] = False
         self.live.difference_update(BitMap(rowids))
 
+    def set_ef(self, column: str, ef: int) -> None:
+        """Change the default HNSW search breadth of ``column`` (saved with the dataset)."""
+        import dataclasses
+
+        vi = self.vectors.get(column)
+        if vi is None:
+            raise DatasetError(f"dataset {self.name!r}: column {column!r} has no hnsw index")
+        if ef < 1:
+            raise DatasetError(f"ef must be positive, got {ef}")
+        with self.lock.write():
+            vi.spec = self.specs[column] = dataclasses.replace(vi.spec, ef=ef)
+
     def flush(self) -> None:
         """Fold every growing segment into its HNSW graph now."""
         with self.lock.write():

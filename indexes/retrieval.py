@@ -14,7 +14,9 @@ Strategies (all return the same contract: live row ids and distances, ascending)
 
 The optimizer estimates each one's cost from the calibrated unit costs (``indexes.cost``)
 and the predicate's row count -- exact from the indexes when it is cheap -- plus the
-learned ratio of actual to estimated time for this filter (query feedback), and
+observed rate at which each guard fired for this filter and its bound values (query
+feedback: a post-filter that keeps failing near the queries means the filter correlates
+with the vectors), and
 runs the cheapest. ``RetrievalExplain`` records every alternative, the choice, any
 guard that fired, and the actual rows and time.
 """
@@ -57,21 +59,11 @@ MATERIALIZE_FRACTION = (
 @dataclass
 class Alternative:
     strategy: str
-    cost_ms: float  # from the cost model
+    cost_ms: float  # from the cost model, including the expected cost of a guard firing
     detail: str = ""
-    factor: float = 1.0  # learned actual/estimated ratio for this filter (query feedback)
-
-    @property
-    def adjusted_ms(self) -> float:
-        return self.cost_ms * self.factor
 
     def __str__(self) -> str:
-        learned = (
-            f" (model {self.cost_ms:.3f} x{self.factor:.2f} learned)"
-            if abs(self.factor - 1) > 0.05
-            else ""
-        )
-        return f"{self.strategy:<10} est {self.adjusted_ms:8.3f} ms{learned}  {self.detail}"
+        return f"{self.strategy:<10} est {self.cost_ms:8.3f} ms  {self.detail}"
 
 
 @dataclass
@@ -111,7 +103,7 @@ class RetrievalExplain:
                 else "  candidates: ?"
             )
         out.append("  alternatives:")
-        for a in sorted(self.alternatives, key=lambda a: a.adjusted_ms):
+        for a in sorted(self.alternatives, key=lambda a: a.cost_ms):
             mark = "*" if a.strategy == self.chosen else " "
             out.append(f"   {mark} {a}")
         out.append(f"  chosen: {self.chosen}" + (" (forced)" if self.forced else ""))
@@ -305,23 +297,15 @@ def search(
     if strategy is not None:
         info.chosen, info.forced = strategy, True
     else:
-        learned = ds.feedback.get(info.feedback_key, {})
-        for a in info.alternatives:
-            a.factor = learned.get(a.strategy, 1.0)
-        info.chosen = min(info.alternatives, key=lambda a: a.cost_ms * a.factor).strategy
-    t1 = time.perf_counter()
-    info.plan_ms = (t1 - t0) * 1e3
+        info.chosen = min(info.alternatives, key=lambda a: a.cost_ms).strategy
+    info.plan_ms = (time.perf_counter() - t0) * 1e3
     ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, where)
-    t2 = time.perf_counter()
-    if strategy is None:
-        _learn(
-            ds,
-            info.feedback_key,
-            info.chosen,
-            (t2 - t1) * 1e3 / max(alts[info.chosen].cost_ms, 1e-3),
-        )
+    if strategy is None and pred is not None:
+        for s, p in ds.feedback.get(info.feedback_key, {}).items():
+            if s != info.chosen:  # forget slowly, so a strategy that failed gets retried
+                ds.feedback[info.feedback_key][s] = p * 0.98
     info.actual_rows = len(ids)
-    info.elapsed_ms = (t2 - t0) * 1e3
+    info.elapsed_ms = (time.perf_counter() - t0) * 1e3
     return ids, d, info
 
 
@@ -355,10 +339,10 @@ def _costs(
     grow = cm.exact_ms(vi.n - vi.folded, dim, True)
     mat = 0.0 if pred is None or cand is not None else materialize_ms(pred, cm, n)
     out: dict[str, Alternative] = {}
-    scan = cm.overhead_ms + cm.exact_ms(ds.n, dim, True) + mat
+    scan = cm.fixed_ms("exact") + cm.exact_ms(ds.n, dim, True) + mat
     out["exact"] = Alternative("exact", scan, f"{ds.n} rows contiguous")
     dense = _dense(cand, cm)
-    pre = cm.overhead_ms + mat + cm.exact_ms(c, dim, dense)
+    pre = cm.fixed_ms("prefilter") + mat + cm.exact_ms(c, dim, dense)
     out["prefilter"] = Alternative(
         "prefilter",
         pre,
@@ -370,24 +354,34 @@ def _costs(
         return out
     kp = k if pred is None else min(KPRIME_CAP, math.ceil(k * OVERSAMPLE / sel) + k)
     efp = max(ef, kp)
-    post = cm.overhead_ms + cm.hnsw_ms(efp, dim, vi.column) + check_ms(pred, cand, kp, cm, n) + grow
+    post = (
+        cm.fixed_ms("postfilter")
+        + cm.hnsw_ms(efp, dim, vi.column)
+        + check_ms(pred, cand, kp, cm, n)
+        + grow
+    )
     detail = f"k'={kp} ef={efp}"
-    if pred is not None and kp * sel < k:  # even a perfect graph cannot keep k of k' results
-        post += pre
-        detail += ", guard will fire: + exact"
+    seen = ds.feedback.get(fkey, {}) if pred is not None else {}
+    if pred is not None:
+        p_fail = 1.0 if kp * sel < k else seen.get("postfilter", 0.0)
+        post += p_fail * pre
+        detail += f", guard fires {p_fail:.0%} -> + exact"
     out["postfilter"] = Alternative("postfilter", post, detail)
     if pred is not None:
         # a filtered HNSW walk keeps going until it holds ef matches: about the work of an
         # unfiltered search with ef / selectivity, plus one Python callback per visit
         ef_eff = min(n, ef / max(sel, 1e-9))
         visits = min(n, cm.visits_per_ef * ef_eff)
+        aborted = mat + cm.hnsw_ms(min(c, ef_eff), dim, vi.column) + c * cm.callback_ns * 1e-6 + pre
         if visits > c:  # the visit guard aborts and the exact path answers
-            ins = mat + cm.hnsw_ms(min(c, ef_eff), dim, vi.column) + c * cm.callback_ns * 1e-6 + pre
+            ins = aborted
             note = f"~{visits:.0f} visits > {c} candidates: guard then exact"
         else:
-            ins = mat + cm.hnsw_ms(ef_eff, dim, vi.column) + visits * cm.callback_ns * 1e-6 + grow
-            note = f"~{visits:.0f} visits"
-        out["insearch"] = Alternative("insearch", cm.overhead_ms + ins, note)
+            p = seen.get("insearch", 0.0)
+            walk = mat + cm.hnsw_ms(ef_eff, dim, vi.column) + visits * cm.callback_ns * 1e-6 + grow
+            ins = (1 - p) * walk + p * aborted
+            note = f"~{visits:.0f} visits, guard fires {p:.0%}"
+        out["insearch"] = Alternative("insearch", cm.fixed_ms("insearch") + ins, note)
     return out
 
 
@@ -398,20 +392,15 @@ def _dense(cand: BitMap | None, cm: CostModel) -> bool:
     return span * cm.contig_ns_per_dim <= len(cand) * cm.gather_ns_per_dim
 
 
-def _learn(ds: Any, key: str, strategy: str, ratio: float) -> None:
-    """Query feedback: a geometric moving average of actual / estimated time per filter
-    (with its bound values) and strategy. A guard that fires (post-filter finding too few
-    rows near a query, in-search walking too far) shows up as a large ratio, so a filter
-    that correlates with the vectors stops being post-filtered. Other strategies' factors
-    decay toward 1, so they get retried."""
+def _observe(ds: Any, info: RetrievalExplain, strategy: str, fired: bool) -> None:
+    """Query feedback: moving average of how often ``strategy``'s guard fires for this
+    filter with these bound values."""
+    if not info.guards or not info.feedback_key:
+        return
     if len(ds.feedback) > 4096:
         ds.feedback.clear()
-    fb = ds.feedback.setdefault(key, {})
-    ratio = min(max(ratio, 0.2), 100.0)
-    fb[strategy] = math.exp(0.7 * math.log(fb.get(strategy, 1.0)) + 0.3 * math.log(ratio))
-    for s in fb:
-        if s != strategy:
-            fb[s] = fb[s] ** 0.97
+    fb = ds.feedback.setdefault(info.feedback_key, {})
+    fb[strategy] = 0.7 * fb.get(strategy, 0.0) + 0.3 * (1.0 if fired else 0.0)
 
 
 def _run(
@@ -480,6 +469,8 @@ def _postfilter(
         labels, dists = labels[m], dists[m]
     res = _merge((labels, dists), _growing(ds, vi, q, k, cand, pred, cm), k)
     need = min(k, c) if exact_count else k
+    if pred is not None:
+        _observe(ds, info, "postfilter", len(res[0]) < need)
     if len(res[0]) < need and info.guards:
         info.guard = f"post-filter kept {len(res[0])} < {need} rows"
         info.executed = "prefilter"
@@ -521,6 +512,7 @@ def _insearch(
     info.visited = calls[0]
     res = _merge((labels, dists), _growing(ds, vi, q, k, cand, None, cm), k)
     need = min(k, len(cand))
+    _observe(ds, info, "insearch", aborted or len(res[0]) < need)
     if (aborted or len(res[0]) < need) and info.guards:
         info.guard = (
             f"visited {calls[0]} nodes > {budget} candidates"

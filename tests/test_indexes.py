@@ -371,3 +371,19 @@ def test_statistics_and_memory_report():
     assert st["indexes"]["emb"]["in_graph"] + st["indexes"]["emb"]["growing"] == 800
     assert sum(ds.nbytes().values()) > 800 * DIM * 4
     _ = pc
+
+
+def test_compact_drops_tombstones_and_keeps_results():
+    ds = new_ds(1000, fold_rows=300)
+    ds.upsert(make_table(np.arange(0, 400), seed=11))
+    ds.delete(list(range(500, 700)))
+    before = ds.to_table()
+    q = np.ones(DIM, np.float32)
+    res_before = ds.search("emb", q, 10, strategy="exact")[0].column("id").to_pylist()
+    assert ds.n == 1400
+    ds.compact()
+    assert ds.n == ds.count() == 800
+    assert ds.to_table().sort_by("id").equals(before.sort_by("id"))
+    assert ds.search("emb", q, 10, strategy="exact")[0].column("id").to_pylist() == res_before
+    for where in FILTERS:
+        assert ids_of(ds, ds.filter_rows(where, PARAMS)) == brute(ds, where), str(where)

@@ -248,8 +248,8 @@ def test_feedback_steers_away_from_a_correlated_postfilter(ds_x):
     chosen = [ds.search("emb", q, K, where)[1] for q in far]
     assert chosen[0].chosen == "postfilter" and chosen[0].guard
     assert chosen[-1].chosen != "postfilter"
-    assert any(a.factor > 1.5 for a in chosen[-1].alternatives if a.strategy == "postfilter")
-    assert "learned" in str(chosen[-1])
+    assert sum(i.chosen == "postfilter" for i in chosen) <= 5  # a few tries, then rare retries
+    assert "guard fires" in str(chosen[-1])
     ds.cost_model, ds.feedback = None, {}
 
 
@@ -271,7 +271,7 @@ def test_calibrate_measures_and_stores_unit_costs(ds_x, tmp_path):
         stored = json.load(f)
     assert stored["contig_ns_per_dim"] == cm.contig_ns_per_dim > 0
     assert cm.gather_ns_per_dim > 0 and cm.callback_ns > 0
-    assert "emb" in cm.columns and cm.columns["emb"][1] > 0
+    assert "emb" in cm.columns and all(ms > 0 for _, ms in cm.columns["emb"])
     assert CostModel.load(path) == cm
     assert ds.cost_model is cm
 
