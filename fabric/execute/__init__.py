@@ -109,6 +109,7 @@ class _Run:
         self.infos: dict[str, str] = {}
         self.futures: dict[str, cf.Future[pa.Table]] = {}
         self.waited = 0.0
+        self._dep_wait: dict[str, float] = {}  # seconds a unit waited for dynamic-filter keys
         self.partial = False
         self._lock = threading.Lock()
         self.timeout = float(getattr(catalog, "scan_timeout", None) or DEFAULT_TIMEOUT)
@@ -222,12 +223,8 @@ class _Run:
             source = self.catalog.source(leaf.uri)
         except SourceError as e:
             return self._fail(alias, leaf.uri, e)
-        info, waited = _fresh.check(
-            self.catalog, source, leaf.uri, alias, leaf.freshness, self.binding
-        )
-        with self._lock:
-            self.freshness[alias] = info
-            self.waited += waited
+        if leaf.freshness is not None:  # a bound to enforce: check before reading
+            self._check_freshness(alias, leaf, source)
         t0 = time.perf_counter()
         try:
             if isinstance(leaf, Scan):
@@ -236,12 +233,22 @@ class _Run:
                 table = self._search(alias, leaf, source)
         except _SourceFailed as e:
             return self._fail(alias, leaf.uri, e.cause)
-        self._record(leaf, table.num_rows, t0)
+        self._record(leaf, table.num_rows, t0 + self._dep_wait.get(alias, 0.0))
+        if leaf.freshness is None:  # nothing to enforce: report the freshness as read
+            self._check_freshness(alias, leaf, source)
         for node in reversed(chain):
             t0 = time.perf_counter()
             table = self._apply_unary(node, table)
             self._record(node, table.num_rows, t0)
         return table
+
+    def _check_freshness(self, alias: str, leaf: Any, source: Any) -> None:
+        info, waited = _fresh.check(
+            self.catalog, source, leaf.uri, alias, leaf.freshness, self.binding
+        )
+        with self._lock:
+            self.freshness[alias] = info
+            self.waited += waited
 
     def _fail(self, alias: str, uri: str, e: Exception) -> pa.Table:
         if self.allow_partial:
@@ -258,7 +265,9 @@ class _Run:
         dyn_stats = []
         for i, d in enumerate(scan.dynamic):
             dep = next(iter({c.source for c in d.from_expr.columns() if c.source}))
+            w0 = time.perf_counter()
             keys_table = self._wait(dep)
+            self._dep_wait[alias] = self._dep_wait.get(alias, 0.0) + time.perf_counter() - w0
             keys = functions.evaluate(
                 d.from_expr,
                 keys_table,
@@ -562,7 +571,11 @@ class _Run:
         if isinstance(node, Limit):
             tail = f"LIMIT {int(node.n)} OFFSET {int(node.offset)}"
             if child.order:
-                return Rel(f"SELECT * FROM ({child.sql}) AS {q} ORDER BY {child.order} {tail}", child.names, child.exprmap)
+                return Rel(
+                    f"SELECT * FROM ({child.sql}) AS {q} ORDER BY {child.order} {tail}",
+                    child.names,
+                    child.exprmap,
+                )
             if child.ordered:
                 return Rel(f"{child.sql} {tail}", child.names, child.exprmap)
             return Rel(f"SELECT * FROM ({child.sql}) AS {q} {tail}", child.names, child.exprmap)

@@ -27,6 +27,8 @@ POLL_SECONDS = (0.02, 0.05, 0.1, 0.2)
 
 
 def read_watermark(catalog: Any, source: Any, uri: str) -> Watermark | Mapping[str, Any] | None:
+    """The provider's answer, else the source's; None when neither can tell (a failing
+    watermark request makes the freshness unknown, it does not fail the query)."""
     provider = getattr(catalog, "freshness", None)
     if callable(provider):
         try:
@@ -36,7 +38,12 @@ def read_watermark(catalog: Any, source: Any, uri: str) -> Watermark | Mapping[s
         if wm is not None:
             return wm
     fn = getattr(source, "watermark", None)
-    return fn() if callable(fn) else None
+    if not callable(fn):
+        return None
+    try:
+        return fn()
+    except Exception:
+        return None
 
 
 def describe(uri: str, wm: Any, bound: Freshness | None, now: float) -> dict[str, Any]:
