@@ -104,6 +104,14 @@ def _to_py(v: Any, t: pa.DataType) -> Any:
     return v
 
 
+def _column(values: Any, t: pa.DataType) -> pa.Array:
+    """Driver values as an Arrow array; per-value conversion only when the driver's type differs."""
+    try:
+        return pa.array(values, type=t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return pa.array([_to_py(v, t) for v in values], type=t)
+
+
 class SqlSource(Source):
     """One table or view."""
 
@@ -583,9 +591,7 @@ class SqlConnection(Connection):
                 result = c.execution_options(stream_results=True, yield_per=size).execute(stmt)
                 for rows in result.partitions(size):
                     cols = list(zip(*rows)) if rows else [() for _ in types]
-                    arrays = [
-                        pa.array([_to_py(v, t) for v in col], type=t) for col, t in zip(cols, types)
-                    ]
+                    arrays = [_column(col, t) for col, t in zip(cols, types)]
                     yield pa.RecordBatch.from_arrays(arrays, schema=schema)
         except sa_exc.SQLAlchemyError as exc:
             raise self._error(exc, src.uri.rsplit("/", 1)[-1]) from exc

@@ -309,3 +309,40 @@ def test_fabric_reapplies_a_filter_the_source_refuses(mongo_db: Any, mongo_url: 
     raw = to_table(src.scan(ScanRequest()), src.schema())
     assert raw.num_rows == 6
     assert filter_table(raw, f, {}).column("a").to_pylist() == [3, 4, 5]
+
+
+def test_decode_fast_path_agrees_with_careful_path() -> None:
+    """Large clean batches go through pyarrow's JSON reader; the answer must not change."""
+    from connectors import json_decode
+
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("x", pa.float64()),
+            ("ok", pa.bool_()),
+            ("s", pa.string()),
+            ("at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    values = [
+        json.dumps(
+            {
+                "id": i,
+                "x": i / 2 if i % 3 else i,
+                "ok": i % 2 == 0,
+                "s": f"é{i}" if i % 5 else None,
+                "at": f"2024-01-01T00:00:{i % 60:02d}+00:00",
+                "other": [i],
+            }
+        ).encode()
+        for i in range(300)
+    ]
+    fast = json_decode._fast_decode(values, schema)
+    assert fast is not None
+    docs = [json.loads(v) for v in values]
+    careful, errors = json_decode.rows_to_batch(docs, schema)
+    assert not errors and fast.equals(careful)
+    # two objects in one message plus an empty one must not pass as two good rows
+    tricky = [*values[:100], b'{"id": 1} {"id": 2}', b""]
+    batch, errs = decode_json_messages(tricky, schema)
+    assert batch.num_rows == 100 and [i for i, _ in errs] == [100, 101]
