@@ -259,6 +259,9 @@ class FabricService:
         self.emitter = emitter
         self.heartbeat = heartbeat
         self.started_at: float | None = None
+        self.server_config: Any = (
+            None  # fabric.config.ServerConfig (host, port) when built from config
+        )
         if emitter is not None:
             tracker.listen(emitter.emit)
 
@@ -319,7 +322,9 @@ class FabricService:
             if sig.targets
             else None
         )
-        return cls(manager, tracker, emitter, heartbeat=sig.heartbeat_seconds)
+        svc = cls(manager, tracker, emitter, heartbeat=sig.heartbeat_seconds)
+        svc.server_config = getattr(cfg, "server", None)
+        return svc
 
     @classmethod
     def from_config_file(cls, path: str | Path, **kw: Any) -> FabricService:

@@ -247,8 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--config", default="fabric.yaml", help="path to fabric.yaml (default: ./fabric.yaml)"
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8700, help="port to listen on (default 8700)")
+    p.add_argument(
+        "--host", help="address to listen on (default: server.host in fabric.yaml, else 127.0.0.1)"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        help="port to listen on (default: server.port in fabric.yaml, else 8765)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     logging.basicConfig(
@@ -272,7 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     service.start()
     app = create_app(service.tracker, emitter=service.emitter, health=service.health)
     try:
-        srv = ServerThread(app, args.host, args.port)
+        host = args.host or getattr(service.server_config, "host", None) or "127.0.0.1"
+        port = args.port if args.port is not None else getattr(service.server_config, "port", 8765)
+        srv = ServerThread(app, host, port)
     except OSError as exc:
         service.stop()
         print(str(exc), file=sys.stderr)

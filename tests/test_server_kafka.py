@@ -162,6 +162,10 @@ ingest: {{batch_size: 2000}}
             if i % 10000 == 0:
                 p.poll(0)
         p.flush()
+        # while the burst is being ingested, a loopback load generator hammers the endpoint
+        results = hammer(base + "/v1/freshness", requests=1000, threads=8)
+        assert len(results) == 1000 and all(code == 200 for code, _ in results)
+        assert any(lag > 0 for _, lag in results)  # it answered while ingestion was behind
         wait(lambda: "data_stale" in transitions(rx.udp), 30, "data_stale over UDP")
         stale = next(e for e in rx.udp if e["event"] == "data_stale")
         assert stale["source"] == "docs" and stale["bindings"] == ["doc_search"]
@@ -211,6 +215,18 @@ ingest: {{batch_size: 2000}}
         rx.close()
     assert proc.returncode == 0, err[-3000:]
     assert (tmp_path / ".fabric" / "state" / "docs" / "CURRENT").exists()  # checkpoint on shutdown
+
+
+def hammer(url: str, requests: int, threads: int) -> list[tuple[int, int]]:
+    """(status, sources.docs.lag_messages) for each of ``requests`` GETs from a thread pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_):
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, json.loads(r.read())["sources"]["docs"]["lag_messages"]
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(one, range(requests)))
 
 
 def _up(base: str) -> bool:

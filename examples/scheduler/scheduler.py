@@ -11,7 +11,7 @@ Signals come either pushed (UDP datagrams, one JSON object each: ``data_stale`` 
 
     python examples/scheduler/scheduler.py --udp 127.0.0.1:9999 --gpus 4 \\
         --agent analyst=market_open_news --agent shopper=nearby_offers
-    python examples/scheduler/scheduler.py --poll http://127.0.0.1:8700/v1/freshness ...
+    python examples/scheduler/scheduler.py --poll http://127.0.0.1:8765/v1/freshness ...
 """
 
 from __future__ import annotations
