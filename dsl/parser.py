@@ -827,5 +827,7 @@ def attach_source(e: DslError, texts: dict[str, str]) -> DslError:
         out.append(d)
     if not changed:
         return e
-    new = type(e)(out) if type(e) is DslError else DslError(out)
-    return new
+    try:
+        return type(e)(out)  # keep the subclass (SessionError, ...)
+    except TypeError:
+        return DslError(out)

@@ -26,7 +26,7 @@ from dsl import loader
 from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.parser import attach_source, parse_binding_text
 from dsl.spec import BindingSpec, SessionParam
-from dsl.types import ValueType, bind_session, infer_type
+from dsl.types import SessionError, ValueType, bind_session, infer_type
 from fabric.plan.builder import build
 from fabric.plan.nodes import Plan
 
@@ -47,10 +47,14 @@ class CompiledBinding:
     catalog_version: int
     spec: BindingSpec = field(repr=False, compare=False)
     session_spans: Mapping[str, Span] = field(default_factory=dict, repr=False, compare=False)
+    texts: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def bind(self, values: Mapping[str, Any] | None) -> dict[str, Any]:
         """Check the session values against the declared types; the executor's params."""
-        return bind_session(self.session, values, binding=self.name, spans=self.session_spans)
+        try:
+            return bind_session(self.session, values, binding=self.name, spans=self.session_spans)
+        except SessionError as e:
+            raise attach_source(e, dict(self.texts)) from None
 
     def explain(self, optimized: bool = True) -> str:
         return (self.plan if optimized else self.logical_plan).explain()
@@ -105,6 +109,7 @@ class Compiler:
             version,
             spec,
             spec.session_spans,
+            dict(texts or {}),
         )
         with self._lock:
             self.compilations += 1
