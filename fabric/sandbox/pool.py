@@ -621,14 +621,21 @@ _SHARED: SandboxPool | None = None
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_pool(size: int = 2, limits: SandboxLimits | None = None) -> SandboxPool:
-    """The process-wide pool the fabric's executor uses (started on first use, closed at exit)."""
+def shared_pool(
+    size: int = 2,
+    limits: SandboxLimits | None = None,
+    allowed_modules: Sequence[str] | None = None,
+) -> SandboxPool:
+    """The process-wide pool the fabric's executor uses (started on first use, closed at exit).
+
+    The first call's settings win; later calls get the same pool.
+    """
     global _SHARED
     with _SHARED_LOCK:
         if _SHARED is None or _SHARED._closed:
             import atexit
 
-            _SHARED = SandboxPool(size=size, limits=limits)
+            _SHARED = SandboxPool(size=size, limits=limits, allowed_modules=allowed_modules or None)
             atexit.register(_SHARED.close)
         return _SHARED
 

@@ -17,6 +17,7 @@ import resource
 import signal
 import sys
 import types
+import warnings
 from typing import Any
 
 # Single-threaded numeric libraries: thread creation is blocked once locked down.
@@ -332,6 +333,10 @@ def main(argv: list[str] | None = None) -> None:
     layers["restricted_python"] = (
         "unavailable: disabled by the pool" if args.no_restricted_python else "active"
     )
+    # Nothing may block on stderr (a pipe nobody drains until a crash): warnings are dropped
+    # and a full pipe makes a write fail instead of stalling the worker.
+    warnings.simplefilter("ignore")
+    os.set_blocking(2, False)
     ch.send({"status": "ready", "layers": layers, "pid": os.getpid()})
     _serve(ch, not args.no_restricted_python, call_limits)
 
