@@ -316,6 +316,7 @@ def main() -> None:
         default=180,
         help="seconds per scenario and way before stopping early",
     )
+    ap.add_argument("--load-only", action="store_true", help="load (or check) the data and stop")
     args = ap.parse_args()
     run(args)
 

@@ -533,3 +533,56 @@ def test_bindings_through_the_builder_match_reference(tables, ref) -> None:
         assert [(r["category"], pytest.approx(r["spent"])) for r in got] == [
             (c, pytest.approx(s)) for c, s in want
         ]
+
+
+def test_vector_search_through_an_indexed_dataset(tables) -> None:
+    """nearest: the executor calls the dataset's search() and folds its explain in."""
+    import numpy as np
+
+    from connectors.dataset import DatasetSource
+    from dsl.ast import Param
+    from fabric.execute.local import LocalCatalog
+    from fabric.plan.nodes import VectorSearch
+    from indexes.dataset import Dataset
+
+    rng = np.random.default_rng(3)
+    n, d = 400, 16
+    vecs = rng.normal(size=(n, d)).astype(np.float32)
+    symbols = rng.choice(["AAPL", "MSFT", "NVDA"], n)
+    schema = pa.schema(
+        [("id", pa.int64()), ("symbol", pa.string()), ("embedding", pa.list_(pa.float32(), d))]
+    )
+    ds = Dataset.create(
+        "news", schema, "id", {"embedding": {"kind": "hnsw", "metric": "l2"}, "symbol": "inverted"}
+    )
+    ds.upsert(
+        pa.table(
+            {
+                "id": pa.array(range(n), pa.int64()),
+                "symbol": symbols,
+                "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), d),
+            },
+            schema=schema,
+        )
+    )
+    cat = LocalCatalog({}, datasets={"news": DatasetSource("dataset://news", ds)})
+    q = rng.normal(size=d).astype(np.float32)
+    vs = VectorSearch(
+        "n",
+        "dataset://news",
+        schema,
+        "embedding",
+        Param("q"),
+        5,
+        filters=(eq(Column("symbol"), lit("NVDA")),),
+    )
+    plan = optimize(
+        Project(vs, (("id", C("n.id"), pa.int64()), ("dist", C("n._distance"), pa.float32()))), cat
+    )
+    res = execute(plan, {"q": q.tolist()}, cat, binding="market_news", analyze=True)
+    mask = symbols == "NVDA"
+    dist = ((vecs - q) ** 2).sum(axis=1)
+    expected = [int(i) for i in np.argsort(np.where(mask, dist, np.inf))[:5]]
+    assert res.table.column("id").to_pylist() == expected
+    assert res.stats["sources"]["n"]["rows"] == 5
+    assert "VectorSearch n:" in res.explain

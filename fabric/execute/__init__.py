@@ -380,8 +380,8 @@ class _Run:
                 column=vs.column,
                 query=query,
                 k=vs.k,
-                filters=tuple(unqualify(f) for f in vs.filters),
-                params=self.params,
+                filters=tuple(_bind_now(unqualify(f)) for f in vs.filters),
+                params={**self.params, NOW_PARAM: self.now},
                 columns=vs.projection,
                 analyze=self.analyze,
             )

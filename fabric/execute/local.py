@@ -18,12 +18,15 @@ class LocalCatalog:
         self,
         connections: Mapping[str, Connection],
         *,
+        datasets: Mapping[str, Source] | None = None,
         scan_timeout: float | None = None,
         **hooks: Any,
     ):
         self.connections = dict(connections)
         self.scan_timeout = scan_timeout
-        self._sources: dict[str, Source] = {}
+        self._sources: dict[str, Source] = {
+            f"dataset://{n}": s for n, s in (datasets or {}).items()
+        }
         for name, hook in hooks.items():  # sandbox=..., crypto_score=..., freshness=...
             setattr(self, name, hook)
 
