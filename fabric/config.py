@@ -441,7 +441,8 @@ def _datasets(
             schema = _schema(L, dm, "schema", f"schema of dataset '{name}'")
             from_uri = None
             if dm.get("from") is not None:
-                from_uri = check_uri(y.string(dm, "from", "from").strip(), y.value_span(dm, "from"))
+                y.string(dm, "from", "from")
+                from_uri = check_uri(str(L.subst(dm, "from")).strip(), y.value_span(dm, "from"))
                 if from_uri.startswith("dataset://"):
                     raise y.error(
                         "a dataset cannot be fed from another dataset", y.value_span(dm, "from")

@@ -107,3 +107,13 @@ def test_spans_point_into_the_file(catalog: Catalog) -> None:
     assert (param.span.line, param.span.col, param.span.end_col) == (9, 22, 41)
     derive = spec.sources[0].derive[0].expr
     assert (derive.span.line, derive.span.col) == (12, 20)
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((HERE.parent / "examples" / "seed" / "agents").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_seed_example_bindings_parse(path: Path) -> None:
+    specs = load_file(path, path.name)
+    assert specs and all(s.sources for s in specs)
