@@ -370,8 +370,17 @@ class KafkaIngestor:
         self._assigned.update(new)
         log.info("ingest %s: assigned %s", self.source, [(tp.partition, tp.offset) for tp in tps])
 
+    #: client errors that mean the source is unreachable now (others, such as one idle
+    #: connection being closed, are logged; a real outage also fails the next watermark query)
+    _DOWN = frozenset(
+        {KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION, KafkaError._UNKNOWN_TOPIC}
+    )
+
     def _on_kafka_error(self, err: KafkaError) -> None:
-        self._error(f"kafka: {err.str()}")
+        if err.fatal() or err.code() in self._DOWN:
+            self._error(f"kafka: {err.str()}")
+        else:
+            log.info("ingest %s: kafka: %s", self.source, err.str())
 
     def _error(self, message: str) -> None:
         self.stats.errors += 1
@@ -559,7 +568,7 @@ class KafkaIngestor:
             detail: dict[str, Any] = {}
             for p in self.partitions:
                 low, high = c.get_watermark_offsets(
-                    TopicPartition(self.options.topic, p), timeout=5, cached=False
+                    TopicPartition(self.options.topic, p), timeout=2, cached=False
                 )
                 nxt = self.next_offsets.get(p, low)
                 lag = max(0, high - max(nxt, low))
