@@ -164,6 +164,21 @@ class Estimator:
         unit = self.units.get(next(iter(srcs)) or "")
         return self._rows(unit, True) if unit is not None else UNKNOWN_ROWS
 
+    def side_ndv(self, col: Column, join: Join, left: float, right: float) -> float:
+        """Distinct values of a join key on its side: the column's ndv (or, unknown, the
+        larger side), at most that side's rows and, under a dynamic filter, its keys."""
+        from fabric.optimizer._util import aliases
+
+        rows = left if col.source in aliases(join.left) else right
+        d = float(self.ndv(col) or max(left, right))
+        unit = self.units.get(col.source or "")
+        scan = _scan_of(unit) if unit is not None else None
+        if isinstance(scan, Scan):
+            for dyn in scan.dynamic:
+                if dyn.column == col.name:
+                    d = min(d, self.keys_estimate(dyn.from_expr))
+        return min(d, rows)
+
     def join_rows(self, join: Join, left: float, right: float) -> float:
         best = left * right
         for c in conjuncts(join.on):
@@ -173,8 +188,8 @@ class Estimator:
                 and isinstance(c.left, Column)
                 and isinstance(c.right, Column)
             ):
-                da = self.ndv(c.left) or max(left, right)
-                db = self.ndv(c.right) or max(left, right)
+                da = self.side_ndv(c.left, join, left, right)
+                db = self.side_ndv(c.right, join, left, right)
                 best = min(best, left * right / max(da, db, 1))
         if join.how == "left":
             best = max(best, left)
