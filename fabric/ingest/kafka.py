@@ -415,83 +415,55 @@ class KafkaIngestor:
 
     def _apply(self, msgs: Sequence[Any]) -> int:
         ds = self.dataset
+        limit = self.options.max_message_bytes
         values: list[bytes] = []
-        where: list[int] = []  # index into msgs of each decoded value
-        ops: dict[
-            Any, tuple[int, str]
-        ] = {}  # key -> (msg index, 'upsert' | 'delete') of the last op
+        where: list[int] = []  # index into msgs of each value to decode
+        tombstones: dict[Any, int] = {}  # key -> index of its last tombstone in the batch
+        ends: dict[int, int] = {}  # partition -> offset after its last message in the batch
+        newest = 0
         dead = 0
         for i, m in enumerate(msgs):
+            ends[m.partition()] = m.offset() + 1  # in offset order within a partition
+            ts_type, ts = m.timestamp()
+            if ts_type and ts > newest:
+                newest = ts
             v = m.value()
             if v is None:
-                k = m.key()
-                if k is None:
-                    self.dlq.send(
-                        m, "tombstone without a message key: cannot tell which row to delete"
-                    )
-                    dead += 1
-                    continue
-                try:
-                    ops[self.parse_key(k)] = (i, "delete")
-                except (ValueError, UnicodeDecodeError, pa.ArrowInvalid) as exc:
-                    self.dlq.send(
-                        m, f"tombstone key {k[:64]!r} is not a valid {ds.key!r} value: {exc}"
-                    )
-                    dead += 1
-                continue
-            if len(v) > self.options.max_message_bytes:
-                self.dlq.send(
-                    m,
-                    f"value of {len(v)} bytes exceeds max_message_bytes={self.options.max_message_bytes}",
-                )
+                dead += self._tombstone(m, i, tombstones)
+            elif len(v) > limit:
+                self.dlq.send(m, f"value of {len(v)} bytes exceeds max_message_bytes={limit}")
                 dead += 1
-                continue
-            values.append(v)
-            where.append(i)
+            else:
+                values.append(v)
+                where.append(i)
         rows: pa.RecordBatch | None = None
+        row_msg: list[int] = []
         if values:
-            batch, errors = self.decoder.decode(values)
-            bad = {i for i, _ in errors}
-            for i, e in errors:
-                self.dlq.send(msgs[where[i]], e)
-            dead += len(errors)
-            row_msg = [where[i] for i in range(len(values)) if i not in bad]
-            keycol = batch.column(ds.key)
-            if keycol.null_count:
-                nulls = keycol.is_null().to_pylist()
-                for j, isnull in enumerate(nulls):
-                    if isnull:
-                        self.dlq.send(msgs[row_msg[j]], f"missing key field {ds.key!r}")
-                dead += keycol.null_count
-                keep = [j for j, isnull in enumerate(nulls) if not isnull]
-                batch = batch.take(pa.array(keep, pa.int64()))
+            rows, row_msg, bad = self._decode(msgs, values, where)
+            dead += bad
+        deletes: list[Any] = []
+        if tombstones:  # per key, the later of a tombstone and an upsert wins
+            keys = rows.column(ds.key).to_pylist() if rows is not None else []
+            last_upsert: dict[Any, int] = {}
+            for k, i in zip(keys, row_msg):
+                last_upsert[k] = i
+            deletes = [k for k, i in tombstones.items() if last_upsert.get(k, -1) < i]
+            keep = [j for j, k in enumerate(keys) if tombstones.get(k, -1) < row_msg[j]]
+            if rows is not None and len(keep) < rows.num_rows:
+                rows = rows.take(pa.array(keep, pa.int64()))
                 row_msg = [row_msg[j] for j in keep]
-                keycol = batch.column(ds.key)
-            for j, k in enumerate(keycol.to_pylist()):
-                prev = ops.get(k)
-                if (
-                    prev is None or prev[0] < row_msg[j]
-                ):  # the later of a tombstone and an upsert wins
-                    ops[k] = (row_msg[j], "upsert")
-            rows = batch
-            if len(ops) < len(row_msg) or any(op == "delete" for _, op in ops.values()):
-                last_rows = sorted(ops_i for ops_i, op in ops.values() if op == "upsert")
-                pos = {mi: j for j, mi in enumerate(row_msg)}
-                rows = batch.take(pa.array([pos[mi] for mi in last_rows], pa.int64()))
-        deletes = [k for k, (_, op) in ops.items() if op == "delete"]
         if deletes:
             ds.delete(deletes)
         if rows is not None and rows.num_rows:
             try:
-                ds.upsert(rows)
+                ds.upsert(rows)  # several versions of a key in one batch: the last one wins
             except Exception as exc:  # a row the decoder let through but the dataset refuses
-                dead += self._upsert_row_by_row(rows, msgs, ops, exc)
+                dead += self._upsert_row_by_row(rows, msgs, row_msg, exc)
         # the dataset now holds the batch: dead letters out, offsets committed, position advanced
         self.dlq.flush()
-        for m in msgs:
-            p, o = m.partition(), m.offset()
-            if o + 1 > self.next_offsets.get(p, -1):
-                self.next_offsets[p] = o + 1
+        for p, o in ends.items():
+            if o > self.next_offsets.get(p, -1):
+                self.next_offsets[p] = o
         self._commit()
         n = len(msgs)
         st = self.stats
@@ -503,35 +475,66 @@ class KafkaIngestor:
         self._dirty = True
         self._exact_lag = None
         if self.tracker is not None:
-            newest = max((m.timestamp()[1] for m in msgs if m.timestamp()[0] != 0), default=None)
-            self.tracker.record_applied(self.source, n, None if newest is None else newest / 1000.0)
+            self.tracker.record_applied(self.source, n, newest / 1000.0 if newest else None)
             if dead:
                 self.tracker.record_dead_letters(self.source, dead)
-            if (
-                self.lag_messages is not None
-            ):  # move the lag with what we applied until the next measurement
+            if self.lag_messages is not None:  # moved by what was applied until measured again
                 self.lag_messages = max(0, self.lag_messages - n)
                 self.tracker.update_lag(self.source, self.lag_messages)
         with self._applied_cond:
             self._applied_cond.notify_all()
         return n
 
+    def _tombstone(self, m: Any, i: int, tombstones: dict[Any, int]) -> int:
+        """Record a delete; returns 1 if the message was dead-lettered instead."""
+        k = m.key()
+        if k is None:
+            self.dlq.send(m, "tombstone without a message key: cannot tell which row to delete")
+            return 1
+        try:
+            tombstones[self.parse_key(k)] = i
+        except (ValueError, UnicodeDecodeError, pa.ArrowInvalid) as exc:
+            self.dlq.send(
+                m, f"tombstone key {k[:64]!r} is not a valid {self.dataset.key!r} value: {exc}"
+            )
+            return 1
+        return 0
+
+    def _decode(
+        self, msgs: Sequence[Any], values: list[bytes], where: list[int]
+    ) -> tuple[pa.RecordBatch, list[int], int]:
+        """Decoded rows, the message index of each row, and how many were dead-lettered."""
+        key = self.dataset.key
+        batch, errors = self.decoder.decode(values)
+        row_msg = where
+        if errors:
+            bad = {i for i, _ in errors}
+            for i, e in errors:
+                self.dlq.send(msgs[where[i]], e)
+            row_msg = [w for i, w in enumerate(where) if i not in bad]
+        dead = len(errors)
+        keycol = batch.column(key)
+        if keycol.null_count:
+            nulls = keycol.is_null().to_pylist()
+            for j, isnull in enumerate(nulls):
+                if isnull:
+                    self.dlq.send(msgs[row_msg[j]], f"missing key field {key!r}")
+            dead += keycol.null_count
+            keep = [j for j, isnull in enumerate(nulls) if not isnull]
+            batch = batch.take(pa.array(keep, pa.int64()))
+            row_msg = [row_msg[j] for j in keep]
+        return batch, row_msg, dead
+
     def _upsert_row_by_row(
-        self,
-        rows: pa.RecordBatch,
-        msgs: Sequence[Any],
-        ops: Mapping[Any, tuple[int, str]],
-        exc: Exception,
+        self, rows: pa.RecordBatch, msgs: Sequence[Any], row_msg: list[int], exc: Exception
     ) -> int:
         log.warning("ingest %s: batch upsert failed (%s); retrying row by row", self.source, exc)
-        by_key = {k: i for k, (i, op) in ops.items() if op == "upsert"}
         dead = 0
-        keys = rows.column(self.dataset.key).to_pylist()
-        for j, k in enumerate(keys):
+        for j in range(rows.num_rows):
             try:
                 self.dataset.upsert(rows.slice(j, 1))
             except Exception as e:
-                self.dlq.send(msgs[by_key[k]], f"dataset refused the row: {e}")
+                self.dlq.send(msgs[row_msg[j]], f"dataset refused the row: {e}")
                 dead += 1
         return dead
 
