@@ -291,3 +291,30 @@ select:
         score = [ring.decrypt(x) for x in res.table.column("score")]
         assert risk == pytest.approx([0.5 * 0.7 + 0.3 * 0.2 + 0.2 * 0.9 + 0.1] * 2, abs=1e-3)
         assert score == pytest.approx([0.7, 0.2 + 0.9], abs=1e-3)
+
+
+def test_nested_document_fields_resolve_against_struct_columns() -> None:
+    from connectors.memory import MemoryConnection
+    from dsl.parser import parse_binding_text
+    from fabric.catalog import Catalog
+    from fabric.config import load_config
+    from fabric.plan.builder import build
+
+    conn = MemoryConnection("crm")
+    conn.add("docs", pa.table({"id": [1], "meta": pa.array([{"city": "x", "geo": {"lat": 1.0}}])}))
+    cat = Catalog(
+        load_config({"connections": {"crm": {"kind": "memory"}}}), connections={"crm": conn}
+    )
+    plan = build(
+        parse_binding_text(
+            "from memory://crm/docs as c where meta.city = 'x' and c.meta.geo.lat > 0 select c.id, c.meta.city, c.*"
+        ),
+        cat,
+    )
+    assert plan.explain().splitlines() == [
+        "Project: c.id, c.meta.city as city, c.meta",
+        "  Filter: c.meta.city = 'x' and c.meta.geo.lat > 0",
+        "    Scan: c <- memory://crm/docs",
+    ]
+    with pytest.raises(DslError, match=r"cannot compare c\.meta\.geo\.lat"):
+        build(parse_binding_text("from memory://crm/docs as c where c.meta.geo.lat = 'x'"), cat)

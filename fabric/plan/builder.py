@@ -84,6 +84,7 @@ class _Builder:
         # alias -> {column name -> type}, in declaration order (derived columns included)
         self.cols: dict[str, dict[str, pa.DataType]] = {}
         self.views: dict[str, Any] = {}
+        self.nested: set[str] = set()  # dotted names of struct fields (not expanded by m.*)
 
     # ---- error collection
     def attempt(self, fn: Callable[[], Any], default: Any = None) -> Any:
@@ -232,7 +233,7 @@ class _Builder:
             view = self.attempt(lambda s=s: self.catalog.resolve(s.uri, s.uri_span))
             if view is not None:
                 self.views[s.alias.value] = view
-                self.cols[s.alias.value] = {f.name: f.type for f in view.schema}
+                self.cols[s.alias.value] = _columns(view.schema, self.nested, s.alias.value)
         self.fail_if_problems()
 
         plan: N.Plan | None = None
@@ -528,12 +529,15 @@ class _Builder:
                             e.span,
                             did_you_mean(a, joined, "sources"),
                         )
-                    for col in self.cols[a]:
+                    for col in [c for c in self.cols[a] if f"{a}.{c}" not in self.nested]:
+                        expr = A.Column(col, a, span=e.span)
+                        if any(x == expr for _, x, _s in out):
+                            continue  # already selected explicitly
                         name = col if col not in names else f"{a}.{col}"
                         if name in names:
                             continue
                         names[name] = it.span
-                        out.append((name, A.Column(col, a, span=e.span), it.span))
+                        out.append((name, expr, it.span))
                 continue
             q = self.attempt(lambda e=e: self.qualify(e, joined, None, "select"))
             if q is None:
@@ -541,7 +545,7 @@ class _Builder:
             if it.alias:
                 name = it.alias
             elif isinstance(q, A.Column):
-                name = q.name
+                name = q.name.rsplit(".", 1)[-1]  # nested c.meta.city -> city
             else:
                 name = str(e)
             if name in names:
@@ -761,6 +765,27 @@ class _Builder:
 def _indent(pd: Any, lineno: int) -> int:
     # block scalars keep their indentation in the file; python reports columns within the code
     return pd.col - 1
+
+
+def _columns(schema: pa.Schema, nested: set[str], alias: str) -> dict[str, pa.DataType]:
+    """Column name -> type; fields of struct columns (Mongo documents) also as ``a.b``."""
+    out: dict[str, pa.DataType] = {}
+
+    def add(prefix: str, t: pa.DataType) -> None:
+        for i in range(t.num_fields):
+            f = t.field(i)
+            name = f"{prefix}.{f.name}"
+            out.setdefault(name, f.type)
+            nested.add(f"{alias}.{name}")
+            if pa.types.is_struct(f.type):
+                add(name, f.type)
+
+    for f in schema:
+        out[f.name] = f.type
+    for f in schema:
+        if pa.types.is_struct(f.type):
+            add(f.name, f.type)
+    return out
 
 
 def _rebuild(e: A.Expr, fn: Callable[[A.Expr], A.Expr]) -> A.Expr:
