@@ -63,8 +63,24 @@ def parse_type(spec: str) -> pa.DataType:
     raise ValueError(f"unknown column type {spec!r}; known types: {known}")
 
 
-def schema_from_spec(spec: Mapping[str, str]) -> pa.Schema:
-    """A declared schema (``{column: type}``) as an Arrow schema; json columns are tagged."""
+def flat_options(
+    options: Mapping[str, Any], aliases: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Connection options with the keys of a nested ``options:`` mapping lifted to the top
+    (top-level keys win) and alternative names (``query_timeout``) mapped to ours."""
+    out = dict(options.get("options") or {}) if isinstance(options.get("options"), Mapping) else {}
+    out.update({k: v for k, v in options.items() if k != "options"})
+    for alt, ours in (aliases or {}).items():
+        if alt in out and ours not in out:
+            out[ours] = out[alt]
+    return out
+
+
+def schema_from_spec(spec: Mapping[str, str] | pa.Schema) -> pa.Schema:
+    """A declared schema (``{column: type}``, or an Arrow schema) as an Arrow schema;
+    json columns are tagged."""
+    if isinstance(spec, pa.Schema):
+        return spec
     fields = []
     for name, t in spec.items():
         meta = {JSON_META: b"json"} if str(t).strip().lower() == "json" else None

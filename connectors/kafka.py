@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors._util import schema_from_spec, typed_params
+from connectors._util import flat_options, schema_from_spec, typed_params
 from connectors.arrow_expr import to_arrow, utcnow
 from connectors.base import (
     Connection,
@@ -297,7 +297,12 @@ class KafkaConnection(Connection):
     kind = "kafka"
 
     def __init__(self, name: str, options: Mapping[str, Any]):
+        options = flat_options(options, {"connect_timeout": "timeout", "query_timeout": "timeout"})
         super().__init__(name, options)
+        if str(options.get("format", "json")).lower() != "json":
+            raise ValueError(
+                f"connection {name!r}: only JSON message values are supported (format: json), got {options['format']!r}"
+            )
         if not options.get("bootstrap"):
             raise ValueError(
                 f"connection {name!r}: a kafka connection needs 'bootstrap' (e.g. 127.0.0.1:9092)"
@@ -339,6 +344,7 @@ class KafkaConnection(Connection):
             "reconnect.backoff.max.ms": 1000,
             "log_level": 0,
         }
+        cfg.update(self.options.get("security") or {})  # e.g. security.protocol, sasl.*
         cfg.update(self.options.get("config") or {})
         return cfg
 

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors._util import is_json_field, schema_from_spec, typed_params
+from connectors._util import flat_options, is_json_field, schema_from_spec, typed_params
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
 from connectors.base import (
     Connection,
@@ -376,6 +376,9 @@ class MongoConnection(Connection):
     kind = "mongo"
 
     def __init__(self, name: str, options: Mapping[str, Any]):
+        options = flat_options(
+            options, {"connect_timeout": "timeout", "query_timeout": "read_timeout"}
+        )
         super().__init__(name, options)
         for key in ("url", "database"):
             if not options.get(key):

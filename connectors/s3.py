@@ -31,7 +31,7 @@ import pyarrow.csv
 import pyarrow.dataset as ds
 from pyarrow import fs as pafs
 
-from connectors._util import BadValueError, schema_from_spec, typed_params
+from connectors._util import BadValueError, flat_options, schema_from_spec, typed_params
 from connectors.arrow_expr import NotTranslatable, to_arrow, utcnow
 from connectors.base import (
     ColumnStats,
@@ -377,6 +377,7 @@ class S3Connection(Connection):
     kind = "s3"
 
     def __init__(self, name: str, options: Mapping[str, Any]):
+        options = flat_options(options, {"query_timeout": "request_timeout"})
         super().__init__(name, options)
         self.local = options.get("kind") == "file"
         if self.local:
@@ -395,7 +396,8 @@ class S3Connection(Connection):
         return f"{'file' if self.local else 's3'}://{self.name}/{obj}"
 
     def path(self, obj: str) -> str:
-        return f"{self.base}/{obj.lstrip('/')}"
+        prefix = str(self.options.get("prefix") or "").strip("/")
+        return "/".join(p for p in (self.base, prefix, obj.lstrip("/")) if p)
 
     @property
     def fs(self) -> pafs.FileSystem:
@@ -417,7 +419,8 @@ class S3Connection(Connection):
                 if ak and sk:
                     kw.update(access_key=str(ak), secret_key=str(sk))
                 if o.get("endpoint"):
-                    ep = urlsplit(str(o["endpoint"]))
+                    raw = str(o["endpoint"])
+                    ep = urlsplit(raw if "://" in raw else f"{o.get('scheme', 'https')}://{raw}")
                     kw.update(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https")
                 self._fs = pafs.S3FileSystem(**kw)
         return self._fs
@@ -444,15 +447,16 @@ class S3Connection(Connection):
 
     def list_objects(self) -> list[str]:
         """Files and top-level directories below the bucket/root (at most 200)."""
+        root = self.path("")
         try:
             infos = self.fs.get_file_info(
-                pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
+                pafs.FileSelector(root, recursive=True, allow_not_found=True)
             )
         except (OSError, pa.ArrowException) as exc:
             raise self.error(exc) from exc
         out: set[str] = set()
         for i in infos:
-            rel = i.path[len(self.base) :].lstrip("/")
+            rel = i.path[len(root) :].lstrip("/")
             if i.type == pafs.FileType.Directory and "/" not in rel:
                 out.add(rel + "/")
             elif i.type == pafs.FileType.File and "=" not in rel:
@@ -465,6 +469,8 @@ class S3Connection(Connection):
             opts["schema"] = self.options["schemas"][obj]
         if obj in (self.options.get("formats") or {}):
             opts["format"] = self.options["formats"][obj]
+        elif self.options.get("format"):
+            opts["format"] = self.options["format"]
         opts.update(options or {})
         return S3Source(self.uri(obj), self, obj, opts)
 

@@ -29,7 +29,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql as sa_mysql
 from sqlalchemy.engine import Engine, make_url
 
-from connectors._util import BadValueError, typed_params
+from connectors._util import BadValueError, flat_options, typed_params
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
 from connectors.base import (
     ColumnStats,
@@ -458,6 +458,7 @@ class SqlConnection(Connection):
     kind = "sql"
 
     def __init__(self, name: str, options: Mapping[str, Any]):
+        options = flat_options(options, {"query_timeout": "read_timeout"})
         super().__init__(name, options)
         if not options.get("url"):
             raise ValueError(

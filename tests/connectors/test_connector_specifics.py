@@ -346,3 +346,51 @@ def test_decode_fast_path_agrees_with_careful_path() -> None:
     tricky = [*values[:100], b'{"id": 1} {"id": 2}', b""]
     batch, errs = decode_json_messages(tricky, schema)
     assert batch.num_rows == 100 and [i for i, _ in errs] == [100, 101]
+
+
+def test_config_style_options_and_declared_arrow_schema(
+    mongo_db: Any, mongo_url: str, s3: Any
+) -> None:
+    """The keys fabric.yaml accepts (query_timeout, nested options:, prefix, a pa.Schema from
+    the catalog) reach the connectors."""
+    from connectors.base import open_connection
+
+    mongo_db.typed.insert_many([{"n": 1, "s": "a"}, {"n": "two", "s": "b"}])
+    conn = open_connection(
+        "crm",
+        {
+            "kind": "mongo",
+            "url": mongo_url,
+            "database": mongo_db.name,
+            "connect_timeout": 2,
+            "options": {"sample": 1},
+        },
+    )
+    assert conn.timeout == 2 and conn.sample == 1
+    declared = pa.schema([("n", pa.int64()), ("s", pa.string())])
+    src = conn.source("typed", {"schema": declared})
+    assert src.schema() == declared
+    out = to_table(src.scan(ScanRequest()), declared)
+    assert out.to_pylist() == [{"n": 1, "s": "a"}, {"n": None, "s": "b"}]  # wrong type -> null
+    assert src.last_stats["bad_values"] == 1
+
+    with s3.fs.open_output_stream(s3.path("pre/fix/cats.csv")) as f:
+        f.write(b"id,name\n1,food\n2,toys\n")
+    lake = open_connection(
+        "lake",
+        {
+            "kind": "s3",
+            "endpoint": s3.endpoint.split("://", 1)[1],
+            "scheme": "http",
+            "bucket": s3.bucket,
+            "prefix": "pre/fix",
+            "access_key": s3.access_key,
+            "secret_key": s3.secret_key,
+        },
+    )
+    assert lake.list_objects() == ["cats.csv"]
+    cats = lake.source("cats.csv")
+    assert to_table(cats.scan(ScanRequest()), cats.schema()).column("name").to_pylist() == [
+        "food",
+        "toys",
+    ]
