@@ -332,8 +332,13 @@ class FabricService:
 
         return cls.from_config(load_config(Path(path)), **kw)
 
-    def start(self) -> FabricService:
-        self.manager.start()
+    def start(self, ingest: bool = True) -> FabricService:
+        """Open every dataset; with ``ingest``, start the Kafka ingestors too (``fabric.open``
+        in a process that should not consume passes False)."""
+        if ingest:
+            self.manager.start()
+        else:
+            self.manager.open()
         self.tracker.start(heartbeat=self.heartbeat)
         self.started_at = time.time()
         return self
