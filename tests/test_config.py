@@ -178,3 +178,24 @@ def test_config_from_dict_and_empty() -> None:
     cfg = load_config({"connections": {"mem": {"kind": "memory", "schemas": {"t": {"a": "int"}}}}})
     assert cfg.connections["mem"].schemas["t"].names == ["a"]
     assert load_config(None).connections == {}
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(0, 10_000),
+    st.integers(0, 4),
+    st.sampled_from(["", " ", "x", ":", "{", "}", "'", "\n", "-", "[", "\t", "${", "$", ",", "#"]),
+)
+def test_fuzz_mutated_config_yields_config_or_positioned_error(
+    pos: int, delete: int, insert: str
+) -> None:
+    i = pos % (len(FULL) + 1)
+    text = FULL[:i] + insert + FULL[i + delete :]
+    try:
+        load_config(text, env=ENV)
+    except DslError as e:
+        assert e.diagnostics and all(d.span is not None for d in e.diagnostics), e.format()
