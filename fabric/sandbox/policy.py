@@ -14,15 +14,16 @@ ALLOWED_MODULES: frozenset[str] = frozenset(
 
 # Pure-computation modules an operator may add (``sandbox: allowed_imports`` in fabric.yaml).
 OPTIONAL_MODULES: frozenset[str] = frozenset(
-    {"operator", "random", "base64", "binascii", "hashlib", "hmac", "difflib", "textwrap",
-     "copy", "enum", "dataclasses", "typing", "html", "zlib", "calendar", "array", "numbers",
-     "cmath", "colorsys", "struct", "uuid"}
+    {"random", "base64", "binascii", "hashlib", "hmac", "difflib", "textwrap", "html", "zlib",
+     "calendar", "array", "cmath", "colorsys", "struct"}
 )  # fmt: skip
+# Deliberately not offered: operator (attrgetter/methodcaller reach dunders by string), typing
+# (get_type_hints evaluates strings), dataclasses/enum/copy (generated code, __reduce__),
+# numbers/abc (global ABC registries), uuid (runs programs), and anything doing I/O.
 
 # Submodules reachable as attributes of an allowed module (``np.linalg``) and importable.
 SAFE_SUBMODULES: frozenset[str] = frozenset(
-    {"pyarrow.compute", "pyarrow.types", "numpy.linalg", "numpy.random", "numpy.fft",
-     "collections.abc"}
+    {"pyarrow.compute", "pyarrow.types", "numpy.linalg", "numpy.random", "numpy.fft"}
 )  # fmt: skip
 
 # Public names removed from allowed modules: file access, raw memory, global registries.

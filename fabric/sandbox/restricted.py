@@ -79,6 +79,10 @@ def prepare(allowed: frozenset[str] = ALLOWED_MODULES) -> None:
         importlib.import_module(name)
     for name in IMPORTABLE:
         _FILTERED[name] = _public_names(name)
+    for modname, fn in (("numpy.random", "seed"), ("numpy.random", "set_state"),
+                        ("random", "seed"), ("random", "setstate")):  # fmt: skip
+        if modname in _FILTERED and fn in _FILTERED[modname]:
+            _FILTERED[modname][fn] = _marks_reseed(_FILTERED[modname][fn])
 
 
 def _public_names(name: str) -> dict[str, object]:
@@ -93,6 +97,19 @@ def _public_names(name: str) -> dict[str, object]:
             continue
         out[key] = value
     return out
+
+
+_RESEED = [False]
+
+
+def _marks_reseed(fn):
+    """Wrap a global-RNG seeding function: the next call gets fresh entropy again."""
+
+    def wrapper(*args, **kwargs):
+        _RESEED[0] = True
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 class _Submodule:
@@ -219,6 +236,11 @@ class SharedState:
         import numpy as np
 
         decimal.setcontext(decimal.Context())
+        if _RESEED[0]:  # a snippet fixed the global RNG state: others must not inherit it
+            np.random.seed()
+            if "random" in sys.modules:
+                sys.modules["random"].seed()
+            _RESEED[0] = False
         if np.geterr() != self.np_err:
             np.seterr(**self.np_err)
         if np.get_printoptions() != self.np_print:
