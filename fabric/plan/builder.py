@@ -503,8 +503,6 @@ class _Builder:
             if t is not None:
                 proj.append((name, e, t))
         self.fail_if_problems()
-        if encrypted:
-            post_env = Env({**post_env.columns, **{n: pa.binary() for n in encrypted}}, self.params)
         plan = N.Project(plan, tuple(proj))
         if spec.limit is not None or spec.offset:
             plan = N.Limit(plan, spec.limit if spec.limit is not None else 2**63 - 1, spec.offset)
@@ -644,7 +642,7 @@ class _Builder:
         if isinstance(e, A.Call) and e.is_aggregate:
             raise DslError.at(f"aggregate {e} is not computed here", e.span)
         return (
-            A.replace(e, lambda n: None)
+            e
             if not e.children()
             else _rebuild(e, lambda x: self.over_aggregate(x, key_map, agg_map, what))
         )
@@ -717,7 +715,7 @@ class _Builder:
         except SyntaxError as e:
             line = pd.line + (e.lineno or 1) - 1
             col = (e.offset or 1) + (
-                pd.col - 1 if (e.lineno or 1) == 1 else _indent(pd, e.lineno or 1)
+                pd.col - 1  # every line of a YAML block scalar has the same indentation
             )
             raise DslError.at(
                 f"python syntax error in pushdown: {e.msg}", Span(pd.file, line, col, line, col + 1)
@@ -760,11 +758,6 @@ class _Builder:
             tuple(params),
             N.SandboxLimitsSpec(lim.cpu_seconds, lim.wall_seconds, lim.memory_mb, lim.output_mb),
         )
-
-
-def _indent(pd: Any, lineno: int) -> int:
-    # block scalars keep their indentation in the file; python reports columns within the code
-    return pd.col - 1
 
 
 def _columns(schema: pa.Schema, nested: set[str], alias: str) -> dict[str, pa.DataType]:
