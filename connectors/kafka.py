@@ -255,11 +255,12 @@ class KafkaSource(Source):
                 raise
             except Exception as exc:
                 raise self.conn.error(exc, self.topic) from exc
-        self._last_wm = Watermark(
-            event_time=newest,
-            lag_messages=0,
-            detail={"kind": "bounded scan", "end_offsets": stats.get("end_offsets", {})},
-        )
+        if request.time_range is None and request.limit is None:  # saw every message
+            self._last_wm = Watermark(
+                event_time=newest,
+                lag_messages=0,
+                detail={"kind": "bounded scan", "end_offsets": stats.get("end_offsets", {})},
+            )
         if request.latest_by:
             full = (
                 self._schema.append(pa.field("__partition", pa.int32()))

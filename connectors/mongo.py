@@ -60,6 +60,39 @@ def like_regex(pattern: str) -> str:
     return "".join(out)
 
 
+def merge_and(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Conjunction of filters, as one flat document where fields and operators do not
+    collide (``{"city": {"$eq": c}, "score": {"$gte": 10, "$lte": 12}}``: what query
+    planners match indexes against), else ``$and``."""
+    flat: list[dict[str, Any]] = []
+    for p in parts:
+        if not p:
+            continue
+        if set(p) == {"$and"}:
+            flat.extend(p["$and"])
+        else:
+            flat.append(p)
+    out: dict[str, Any] = {}
+    rest: list[dict[str, Any]] = []
+    for p in flat:
+        for k, v in p.items():
+            if k not in out:
+                out[k] = dict(v) if isinstance(v, dict) and not k.startswith("$") else v
+            elif (
+                not k.startswith("$")
+                and isinstance(out[k], dict)
+                and isinstance(v, dict)
+                and not set(out[k]) & set(v)
+                and all(o.startswith("$") for o in v)
+            ):
+                out[k].update(v)
+            else:
+                rest.append({k: v})
+    if rest:
+        out = {"$and": [out, *rest]} if out else {"$and": rest}
+    return out
+
+
 class _Translator:
     def __init__(
         self, src: MongoSource, params: Mapping[str, Any], now: dt.datetime, probe: bool = False
@@ -122,7 +155,7 @@ class _Translator:
         if isinstance(e, Binary) and e.op in ("and", "or"):
             a, b = self.go(e.left, neg), self.go(e.right, neg)
             conj = (e.op == "and") != neg
-            return {"$and": [a, b]} if conj else {"$or": [a, b]}
+            return merge_and([a, b]) if conj else {"$or": [a, b]}
         if isinstance(e, Binary) and e.op in _NEG:
             return self.cmp(_NEG[e.op] if neg else e.op, e.left, e.right)
         if isinstance(e, IsNull):
@@ -219,9 +252,7 @@ class MongoSource(Source):
     ) -> dict[str, Any]:
         params = typed_params(filters, params, self._schema, self.uri)
         tr = _Translator(self, params, now or utcnow())
-        parts = [tr.go(f) for f in filters]
-        parts = [p for p in parts if p]
-        return {} if not parts else parts[0] if len(parts) == 1 else {"$and": parts}
+        return merge_and([tr.go(f) for f in filters])
 
     def statistics(self) -> Statistics:
         try:
