@@ -666,8 +666,9 @@ def _syntax_error(e: UnexpectedInput, pos: PosMap, what: str) -> DslError:
             if close:
                 hint = f"did you mean '{close[0]}'? ({hint})"
     elif isinstance(e, UnexpectedCharacters):
-        ch = pos.text[e.pos_in_stream]
-        span = pos.span(e.pos_in_stream, e.pos_in_stream + 1)
+        at = e.pos_in_stream or 0
+        ch = pos.text[at] if at < len(pos.text) else " "
+        span = pos.span(at, at + 1)
         msg = f"unexpected character '{ch}' in {what}"
         if ch == "{":
             hint = "session values are written {{session.<name>}}"

@@ -110,7 +110,8 @@ class Fabric:
             params = compiled.bind(session)
             from fabric.execute import execute
 
-            return execute(compiled.plan, params, self.catalog, binding=name, analyze=True).explain
+            result = execute(compiled.plan, params, self.catalog, binding=name, analyze=True)
+            return result.explain or compiled.explain(optimized)
         if session is not None:
             compiled.bind(session)
         return compiled.explain(optimized)
