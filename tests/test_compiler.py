@@ -318,3 +318,23 @@ def test_nested_document_fields_resolve_against_struct_columns() -> None:
     ]
     with pytest.raises(DslError, match=r"cannot compare c\.meta\.geo\.lat"):
         build(parse_binding_text("from memory://crm/docs as c where c.meta.geo.lat = 'x'"), cat)
+
+
+def test_explain_analyze_runs_the_plan(root: Path) -> None:
+    pytest.importorskip("fabric.execute")
+    with fabric.open(root / "fabric.yaml", watch=False, ingest=False) as fab:
+        fab.catalog.connection("shop").add(
+            "merchants",
+            pa.table(
+                {
+                    "id": [1, 2],
+                    "name": ["a", "b"],
+                    "status": ["active", "active"],
+                    "rating": [1.0, 2.0],
+                }
+            ),
+        )
+        fab.catalog.refresh()
+        text = fab.explain("active", session={"min_id": 2}, analyze=True)
+        assert "Scan: m <- memory://shop/merchants" in text
+        assert text != fab.explain("active")  # annotated with what actually ran
