@@ -8,7 +8,8 @@ Documents are flattened: the nested field ``meta.city`` is the column ``meta.cit
 ObjectIds become strings, datetimes ``timestamp[us, UTC]``; a value that does not fit
 its column's type becomes null. Filters become ``find()`` filters in which every value
 is typed and wrapped in an explicit operator (``{"f": {"$eq": v}}``), so a session value
-that looks like an operator object is matched as a plain value. SQL semantics are kept:
+that looks like an operator object is matched as a plain value (equality with a plain
+scalar is written `{"f": v}`, which index planners match). SQL semantics are kept:
 a comparison is never true for null/missing fields (``!=`` is ``$nin: [v, null]``), and
 ``not`` is pushed down with De Morgan's laws before translating.
 """
@@ -58,6 +59,13 @@ def like_regex(pattern: str) -> str:
         i += 1
     out.append("$")
     return "".join(out)
+
+
+def _plain_scalar(v: Any) -> bool:
+    """Values that can only mean themselves as ``{field: v}`` (never a dict, list or regex)."""
+    from bson import ObjectId
+
+    return type(v) in (str, int, float, bool, dt.datetime, ObjectId)
 
 
 def merge_and(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -142,6 +150,8 @@ class _Translator:
             return NEVER  # a comparison with null is never true
         if op == "!=":
             return {name: {"$nin": [v, None]}}
+        if op == "=" and _plain_scalar(v):
+            return {name: v}  # implicit equality: same meaning, and what index planners match
         return {name: {_OPS[op]: v}}
 
     def go(self, e: Expr, neg: bool = False) -> dict[str, Any]:
