@@ -211,11 +211,13 @@ def test_eight_concurrent_calls_one_hostile(news):
 def test_compromised_worker_is_cut_off(mode, error, needle, news):
     """A worker that escaped everything still cannot hang, flood or crash the fabric."""
     limits = SandboxLimits(cpu_seconds=1, wall_seconds=1, output_bytes=1 << 20)
-    with (
-        SandboxPool(size=1, limits=limits, _worker_argv=[sys.executable, EVIL, mode]) as p,
-        pytest.raises(error, match=needle),
-    ):
-        p.run("def run(t):\n    return t\n", news, binding="victim")
+    with SandboxPool(size=1, limits=limits, _worker_argv=[sys.executable, EVIL, mode]) as p:
+        (before,) = [w.pid for w in p._idle.queue]
+        with pytest.raises(error, match=needle):
+            p.run("def run(t):\n    return t\n", news, binding="victim")
+        replacement = p._idle.get(timeout=30)  # started in the background
+        assert replacement.pid != before and replacement.proc.poll() is None
+        p._idle.put(replacement)
 
 
 @pytest.mark.parametrize("transport", ["pipe", "shm"])

@@ -31,7 +31,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from .errors import ERROR_CLASSES, SandboxError, SandboxTimeout, SandboxViolation
+from .errors import (
+    ERROR_CLASSES,
+    SandboxError,
+    SandboxRuntimeError,
+    SandboxTimeout,
+    SandboxViolation,
+)
 from .limits import SandboxLimits
 from .policy import ALLOWED_MODULES, resolve_modules
 from .protocol import MAX_HEADER_BYTES, PREFIX, encode
@@ -482,15 +488,15 @@ class SandboxPool:
         healthy = False
         try:
             reply, payload = self._call(worker, worker.request(header, table), limits, origin)
-            healthy = (reply.get("status") == "ok" or reply.get("kind") == "runtime") and self._fit(
-                worker
-            )
+            if reply.get("status") != "ok":
+                cls = ERROR_CLASSES.get(str(reply.get("kind")), SandboxViolation)
+                healthy = cls is SandboxRuntimeError and self._fit(worker)
+                raise origin.error(cls, str(reply.get("message"))[:2000], reply.get("line"))
+            result = _parse_result(payload, limits, origin)  # a worker sending bad data is replaced
+            healthy = self._fit(worker)
+            return result
         finally:
             self._release(worker, healthy)
-        if reply.get("status") != "ok":
-            cls = ERROR_CLASSES.get(str(reply.get("kind")), SandboxViolation)
-            raise origin.error(cls, str(reply.get("message"))[:2000], reply.get("line"))
-        return _parse_result(payload, limits, origin)
 
     def _check(self, snippet: str, origin: _Origin) -> None:
         key = (snippet, origin.file, origin.line, origin.col)
