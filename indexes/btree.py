@@ -264,7 +264,7 @@ class BTreeIndex:
                 dp = dp[(dp >= a) & (dp < b)]
                 mask[dp - a] = False
                 ids = ids[mask]
-            out |= bitmap_of(ids)
+            out |= bitmap_of(np.sort(ids))  # sorted input builds roaring containers ~2x faster
             if self.delta:
                 da, db = self._delta_slice(lo, lo_inc, hi, hi_inc)
                 if db > da:
@@ -288,11 +288,23 @@ class BTreeIndex:
         return mask
 
     def min_max(self) -> tuple[Any, Any]:
-        if self.dead or self.delta:
-            self.merge()
-        if not len(self.keys):
+        """Smallest and largest live key (read-only: skips dead positions, looks at the delta)."""
+        lo = hi = None
+        n = len(self.keys)
+        i, j = 0, n - 1
+        while i < n and i in self.dead:
+            i += 1
+        while j >= 0 and j in self.dead:
+            j -= 1
+        if i <= j:
+            lo, hi = self.keys[i], self.keys[j]
+        if self.delta:
+            dlo, dhi = self.delta[0][0], self.delta[-1][0]
+            lo = dlo if lo is None or dlo < lo else lo
+            hi = dhi if hi is None or dhi > hi else hi
+        if lo is None:
             return None, None
-        return self._to_py(self.keys[0]), self._to_py(self.keys[-1])
+        return self._to_py(lo), self._to_py(hi)
 
     def _to_py(self, k: Any) -> Any:
         if self.kind == "str":

@@ -116,9 +116,14 @@ def calibrate(
     cm = CostModel()
     x = rng.standard_normal((rows, dim), dtype=np.float32)
     q = rng.standard_normal(dim, dtype=np.float32)
-    t_contig = _best(lambda: x @ q, 40)
+    from indexes.hnsw import VectorIndex
+    from indexes.spec import IndexSpec
+
+    vi = VectorIndex("calibration", dim, IndexSpec("hnsw", metric="ip"))
+    vi.vectors, vi.aux, vi.n = x, np.zeros(rows, np.float32), rows
+    t_contig = _best(lambda: vi.distances(q, slice(0, rows)), 20)
     idx = np.sort(rng.choice(rows, rows // 4, replace=False))
-    t_gather = _best(lambda: x[idx] @ q, 40)
+    t_gather = _best(lambda: vi.distances(q, idx), 20)
     cm.contig_ns_per_dim = t_contig / rows / dim * 1e9
     cm.gather_ns_per_dim = t_gather / len(idx) / dim * 1e9
     d = rng.random(rows).astype(np.float32)

@@ -15,6 +15,7 @@ cosine is ``1 - cos(x, q)``; the exact paths compute the same numbers.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 import hnswlib
@@ -22,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from indexes.spec import DatasetError, IndexSpec
+
+GATHER_CHUNK = 2048
 
 
 def vector_dim(column: str, t: pa.DataType) -> int:
@@ -65,6 +68,7 @@ class VectorIndex:
         self.graph.set_ef(spec.ef)
         self.graph.set_num_threads(1)
         self.build_threads = max(1, os.cpu_count() or 1)
+        self._local = threading.local()
 
     # ------------------------------------------------------------------ storage
     def _aux(self, m: np.ndarray) -> np.ndarray:
@@ -118,13 +122,26 @@ class VectorIndex:
                 pass  # deleted before it was folded: never entered the graph
 
     # ------------------------------------------------------------------ search
-    def prepare(self, q: np.ndarray) -> np.ndarray:
-        return q
+    def _dots(self, q: np.ndarray, rows: np.ndarray | slice) -> np.ndarray:
+        """x . q for the given rows, single-threaded (einsum, not BLAS: a threaded matvec
+        is slower on a busy machine) and gathered chunk by chunk into a reused buffer (a
+        fresh multi-megabyte copy per query costs more in page faults than the math)."""
+        if isinstance(rows, slice):
+            return np.einsum("ij,j->i", self.vectors[rows], q)
+        out = np.empty(len(rows), dtype=np.float32)
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = np.empty((GATHER_CHUNK, self.dim), dtype=np.float32)
+        for s in range(0, len(rows), GATHER_CHUNK):
+            c = rows[s : s + GATHER_CHUNK]
+            b = buf[: len(c)]
+            np.take(self.vectors, c, axis=0, out=b)
+            out[s : s + len(c)] = np.einsum("ij,j->i", b, q)
+        return out
 
     def distances(self, q: np.ndarray, rows: np.ndarray | slice) -> np.ndarray:
         """Exact distances from ``q`` to the given rows (a slice is contiguous: fastest)."""
-        x = self.vectors[rows]
-        dots = x @ q
+        dots = self._dots(q, rows)
         if self.metric == "l2":
             return self.aux[rows] - 2.0 * dots + float(q @ q)
         if self.metric == "cosine":

@@ -168,6 +168,7 @@ def test_btree_range_counts_are_exact_through_inserts_deletes_and_merges(kind):
     live.update({n + i: raw[i] for i in range(50)})
     keys = np.array(list(live.values()))
     rids = np.array(list(live.keys()))
+    assert bt.min_max() == (conv(keys.min()), conv(keys.max()))
     for lo, hi, li, hi_inc in [
         (10, 50, True, True),
         (10, 50, False, False),
