@@ -394,3 +394,62 @@ def test_config_style_options_and_declared_arrow_schema(
         "food",
         "toys",
     ]
+
+
+def test_json_lines_files_with_nested_values(tmp_path: Any) -> None:
+    from connectors.base import Pushdown
+    from connectors.s3 import S3Connection
+
+    (tmp_path / "events").mkdir()
+    lines = [
+        json.dumps(
+            {"id": i, "kind": ["click", "view"][i % 2], "at": f"2024-01-0{1 + i % 3}T00:00:00"}
+        )
+        for i in range(30)
+    ]
+    (tmp_path / "events" / "a.jsonl").write_text("\n".join(lines[:15]) + "\n")
+    (tmp_path / "events" / "b.ndjson").write_text("\n".join(lines[15:]) + "\n")
+    conn = S3Connection("files", {"kind": "file", "root": str(tmp_path)})
+    src = conn.source("events/")
+    assert src.format == "json" and src.schema().field("id").type == pa.int64()
+    f = Binary("=", Column("kind"), Param("k"))
+    assert src.supports_filter(f) is Pushdown.EXACT
+    out = to_table(
+        src.scan(ScanRequest(filters=(f,), params={"k": "view"}, columns=("id",))),
+        pa.schema([("id", pa.int64())]),
+    )
+    assert sorted(out.column("id").to_pylist()) == list(range(1, 30, 2))
+    assert src.last_scan["files_read"] == 2 and src.last_scan["rows"] == 15
+
+
+def test_kafka_time_range_on_an_event_time_field(kafka_bootstrap: str, new_topic: Any) -> None:
+    """With timestamp_field the window applies to the JSON field, not the broker's time."""
+    from connectors.kafka import KafkaConnection
+
+    topic = new_topic(partitions=2)
+    now = int(time.time() * 1000)
+    # broker timestamps are all 'now'; event times are one minute apart
+    event0 = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
+    msgs = [
+        (
+            None,
+            json.dumps(
+                {
+                    "user_id": i,
+                    "lat": 0.0,
+                    "lon": 0.0,
+                    "at": (event0 + dt.timedelta(minutes=i)).isoformat(),
+                }
+            ).encode(),
+            now,
+        )
+        for i in range(20)
+    ]
+    _produce(kafka_bootstrap, topic, msgs)
+    src = KafkaConnection(
+        "bus", {"bootstrap": kafka_bootstrap, "schemas": {topic: LOC}, "timestamp_field": "at"}
+    ).source(topic)
+    lo = (event0 + dt.timedelta(minutes=5)).timestamp()
+    hi = (event0 + dt.timedelta(minutes=9)).timestamp()
+    out = to_table(src.scan(ScanRequest(time_range=(lo, hi))), src.schema())
+    assert sorted(out.column("user_id").to_pylist()) == [5, 6, 7, 8, 9]
