@@ -61,7 +61,7 @@ class JsonDecoder:
             return decode_json_messages(values, self.schema)
         tables: list[pa.Table] = []
         errors: Errors = []
-        self._decode(values, 0, tables, errors)
+        self._decode(values, 0, tables, errors)  # type: ignore[arg-type]  # no None left
         if len(tables) == 1:
             table = tables[0]
         else:

@@ -151,7 +151,9 @@ class DeadLetterSink:
             except Exception as exc:  # fall back to the log below; never stop ingestion
                 log.warning("dead-letter topic %s: %s", self.options.dlq_topic, exc)
             self._producer = Producer({"bootstrap.servers": self.options.bootstrap, "linger.ms": 5})
-        headers = [(f"fabric.{k}", str(v).encode()) for k, v in record.items() if k != "at"]
+        headers: list[tuple[str, str | bytes | None]] = [
+            (f"fabric.{k}", str(v).encode()) for k, v in record.items() if k != "at"
+        ]
 
         def delivered(err: Any, _m: Any, record: dict[str, Any] = record, msg: Any = msg) -> None:
             if err is not None:
@@ -338,7 +340,7 @@ class KafkaIngestor:
         if self._consumer is not None:
             return
         self._consumer = Consumer(self._consumer_config())
-        self._assigned: set[int] = set()
+        self._assigned = set()
         self.partitions = []
         self._measure_lag()  # reads the topic's partitions and assigns them
 
