@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -324,6 +325,8 @@ class SandboxPool:
         ]
         if self.allowed_modules != ALLOWED_MODULES:
             self._argv += ["--modules", ",".join(sorted(self.allowed_modules))]
+        # a pool dropped without close() still stops its workers and removes the jail
+        weakref.finalize(self, _close_idle, self._idle, self._jail)
         if not _restricted_python:
             self._argv.append("--no-restricted-python")
         if _skip_layers:
@@ -438,14 +441,9 @@ class SandboxPool:
             self.close()
 
     def close(self) -> None:
+        """Stop the idle workers (busy ones stop when their call ends) and remove the jail."""
         self._closed = True
-        while True:
-            try:
-                self._idle.get_nowait().kill()
-            except queue.Empty:
-                break
-        if self._jail:
-            shutil.rmtree(self._jail, ignore_errors=True)
+        _close_idle(self._idle, self._jail)
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -621,6 +619,16 @@ def _parse_result(payload: bytes | bytearray, limits: SandboxLimits, origin: _Or
             None,
         )
     return table
+
+
+def _close_idle(idle: queue.Queue, jail: str | None) -> None:
+    while True:
+        try:
+            idle.get_nowait().kill()
+        except queue.Empty:
+            break
+    if jail:
+        shutil.rmtree(jail, ignore_errors=True)
 
 
 _SHARED: SandboxPool | None = None
