@@ -181,3 +181,39 @@ def test_full_queue_drops_heartbeats_first_and_counts_drops(webhook):
     finally:
         em.close()
     assert [b["source"] for b in webhook.bodies] == ["s0", "s2", "s3", "s4"]
+
+
+def test_sawtooth_through_tracker_and_real_receivers_sends_one_stale_one_fresh(webhook):
+    from fabric.freshness import FreshnessTracker
+
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(0.3)
+    clock = [1000.0]
+    tr = FreshnessTracker(Thresholds(lag_messages=1000, lag_seconds=60), clock=lambda: clock[0])
+    tr.register_source("news")
+    tr.set_bindings({"market_open_news": ["news"]})
+    em = SignalEmitter([f"udp://127.0.0.1:{rx.getsockname()[1]}", webhook.url])
+    tr.listen(em.emit)
+    try:
+        # a producer outruns ingestion, then the lag saw-tooths around the threshold for a
+        # minute (600..1400, crossing 1000 twice a period), then it drains
+        series = [0, 300, 900, 1400] + [600, 1000, 1400, 1100, 700, 1300] * 10 + [800, 450, 100, 0]
+        for lag in series:
+            clock[0] += 1
+            tr.record_applied("news", 500, newest_event_time=clock[0] - 1)
+            tr.update_lag("news", lag)
+        got = []
+        while True:
+            try:
+                got.append(json.loads(rx.recv(65536)))
+            except TimeoutError:
+                break
+        assert wait_for(lambda: len(webhook.bodies) == 2)
+    finally:
+        em.close()
+        rx.close()
+    assert [g["event"] for g in got] == [DATA_STALE, DATA_FRESH]
+    assert [b["event"] for b in webhook.bodies] == [DATA_STALE, DATA_FRESH]
+    assert got[0]["lag_messages"] == 1400 and got[1]["lag_messages"] == 450
+    assert got[0]["bindings"] == ["market_open_news"]
