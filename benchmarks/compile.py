@@ -3,7 +3,7 @@
 For the seed-scenario bindings (tests/fixtures/dsl, planned offline against declared
 schemas, so no server is needed) it measures, per binding:
 
-- parse:     YAML text -> BindingSpec (ruamel round-trip loader + the Lark expression parser)
+- parse:     YAML text -> BindingSpec (PyYAML composer with positions + the Lark expression parser)
 - build:     BindingSpec -> logical plan with every semantic check
 - optimize:  fabric.optimizer.optimize(plan, catalog)
 - cold:      build + optimize (what a first use or an edit costs once the file is parsed)

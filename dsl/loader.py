@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-
 from dsl import parser as P
 from dsl.errors import Diagnostic, DslError, Span
 from dsl.options import check_uri, make_freshness, make_limits, make_nearest
@@ -25,7 +23,7 @@ from dsl.spec import (
     SessionParam,
     SourceSpec,
 )
-from dsl.yamlpos import Container, Entry, YamlText
+from dsl.yamlpos import Container, Entry, YamlMap, YamlSeq, YamlText
 
 BINDING_KEYS = (
     "binding",
@@ -86,7 +84,7 @@ def load_text(text: str, file: str = "<yaml>") -> list[BindingSpec]:
 
 def _expr(y: YamlText, c: Container, key: Any, what: str):
     if isinstance(c[key], Container):
-        kind = "mapping" if isinstance(c[key], CommentedMap) else "list"
+        kind = "mapping" if isinstance(c[key], YamlMap) else "list"
         span = y.value_span(c, key)
         hint = None
         if span is not None and "{{" in y.lines[span.line - 1]:
@@ -124,7 +122,7 @@ def _name(y: YamlText, c: Container, key: Any, what: str) -> Name:
     return Name(v, span)
 
 
-def _key_name(y: YamlText, m: CommentedMap, key: Any, what: str) -> Name:
+def _key_name(y: YamlText, m: YamlMap, key: Any, what: str) -> Name:
     span = y.key_span(m, key)
     k = str(key)
     if not k.replace("_", "a").isalnum() or k[0].isdigit():
@@ -137,7 +135,7 @@ def _key_name(y: YamlText, m: CommentedMap, key: Any, what: str) -> Name:
 
 
 def _binding(y: YamlText, doc: Any) -> BindingSpec:
-    if not isinstance(doc, CommentedMap):
+    if not isinstance(doc, YamlMap):
         raise y.error(
             "a binding file must be a mapping with 'binding:' and 'sources:'",
             y.node_span(doc) or Span(y.file, 1, 1),
@@ -208,7 +206,7 @@ def _binding(y: YamlText, doc: Any) -> BindingSpec:
     )
 
 
-def _session(y: YamlText, doc: CommentedMap) -> tuple[SessionParam, ...]:
+def _session(y: YamlText, doc: YamlMap) -> tuple[SessionParam, ...]:
     if "session" not in doc or doc["session"] is None:
         return ()
     m = y.mapping(doc, "session", "session")
@@ -220,7 +218,7 @@ def _session(y: YamlText, doc: CommentedMap) -> tuple[SessionParam, ...]:
     return tuple(out)
 
 
-def _sources(y: YamlText, doc: CommentedMap) -> tuple[SourceSpec, ...]:
+def _sources(y: YamlText, doc: YamlMap) -> tuple[SourceSpec, ...]:
     m = y.mapping(doc, "sources", "sources")
     if not m:
         raise y.error("a binding needs at least one source", y.value_span(doc, "sources"))
@@ -235,7 +233,7 @@ def _sources(y: YamlText, doc: CommentedMap) -> tuple[SourceSpec, ...]:
     return tuple(out)
 
 
-def _source(y: YamlText, parent: CommentedMap, key: Any) -> SourceSpec:
+def _source(y: YamlText, parent: YamlMap, key: Any) -> SourceSpec:
     alias = _key_name(y, parent, key, "source alias")
     m = y.mapping(parent, key, f"source '{key}'")
     problems: list[Diagnostic] = []
@@ -256,10 +254,10 @@ def _source(y: YamlText, parent: CommentedMap, key: Any) -> SourceSpec:
 
 def _source_body(
     y: YamlText,
-    parent: CommentedMap,
+    parent: YamlMap,
     key: Any,
     alias: Name,
-    m: CommentedMap,
+    m: YamlMap,
 ) -> SourceSpec:
     uri = y.string(m, "from", "from")
     uri_span = y.value_span(m, "from")
@@ -275,7 +273,7 @@ def _source_body(
     join = None
     if "join" in m:
         jv = m["join"]
-        if isinstance(jv, CommentedMap):
+        if isinstance(jv, YamlMap):
             y.check_keys(jv, JOIN_KEYS, "join", required=("on",))
             how = "inner"
             if "how" in jv:
@@ -347,7 +345,7 @@ def _entry_name(y: YamlText, e: Entry, what: str) -> Name:
     return Name(k, e.span)
 
 
-def _select(y: YamlText, doc: CommentedMap) -> tuple[SelectItem, ...]:
+def _select(y: YamlText, doc: YamlMap) -> tuple[SelectItem, ...]:
     v = doc["select"]
     out: list[SelectItem] = []
 
@@ -359,11 +357,11 @@ def _select(y: YamlText, doc: CommentedMap) -> tuple[SelectItem, ...]:
             )
             out.append(SelectItem(expr, n.value, span=n.span))
 
-    if isinstance(v, CommentedMap):
+    if isinstance(v, YamlMap):
         aliased(y.entries(doc, "select", mapping=True))
-    elif isinstance(v, CommentedSeq) and not v.fa.flow_style():
+    elif isinstance(v, YamlSeq) and not v.fa.flow_style():
         for i, item in enumerate(v):
-            if isinstance(item, CommentedMap):
+            if isinstance(item, YamlMap):
                 aliased(y.entries(v, i, mapping=True))
             else:
                 for e in y.entries(v, i, mapping=False):
@@ -377,7 +375,7 @@ def _select(y: YamlText, doc: CommentedMap) -> tuple[SelectItem, ...]:
     return tuple(out)
 
 
-def _pushdown(y: YamlText, doc: CommentedMap) -> PushdownSpec:
+def _pushdown(y: YamlText, doc: YamlMap) -> PushdownSpec:
     m = y.mapping(doc, "pushdown", "pushdown")
     y.check_keys(m, PUSHDOWN_KEYS, "pushdown", required=("python",))
     code = y.string(m, "python", "pushdown python")

@@ -1,5 +1,10 @@
-"""YAML with a position for every node (ruamel.yaml round-trip loader), and the strict
-helpers that validate binding files and fabric.yaml against them.
+"""YAML with a position for every node, and the strict helpers that validate binding
+files and fabric.yaml against them.
+
+PyYAML's composer (libyaml, C) gives every node its line and column; nodes become
+``YamlMap`` / ``YamlSeq`` (dict / list with ``.lc`` positions, as ruamel.yaml's round-trip
+types have) and ``LiteralStr`` / ``FoldedStr`` for block scalars. Composing is ~100x
+faster than ruamel.yaml's round-trip loader (0.07 ms vs ~4 ms for a 3-source binding).
 
 Every error names file, line and column of the offending key or value; expression
 scalars are handed to the parser with their file position (and, for scalars spanning
@@ -10,19 +15,115 @@ several lines, a per-character position table), so a syntax error inside
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.constructor import DuplicateKeyError
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
+import yaml
+from yaml.error import MarkedYAMLError, YAMLError
 
 from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 
-Container = CommentedMap | CommentedSeq
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LC:
+    """Positions (0-based line, column), as ruamel.yaml's ``.lc``."""
+
+    __slots__ = ("col", "items", "keys", "line", "values")
+
+    def __init__(self, line: int, col: int):
+        self.line, self.col = line, col
+        self.keys: dict[Any, tuple[int, int]] = {}
+        self.values: dict[Any, tuple[int, int]] = {}
+        self.items: list[tuple[int, int]] = []
+
+    def key(self, k: Any) -> tuple[int, int]:
+        return self.keys[k]
+
+    def value(self, k: Any) -> tuple[int, int]:
+        return self.values[k]
+
+    def item(self, i: int) -> tuple[int, int]:
+        return self.items[i]
+
+
+class _FA:
+    __slots__ = ("flow",)
+
+    def __init__(self, flow: bool):
+        self.flow = flow
+
+    def flow_style(self) -> bool:
+        return self.flow
+
+
+class YamlMap(dict):
+    """A YAML mapping with positions: ``.lc.key(k)``, ``.lc.value(k)``, ``.lc.line/col``."""
+
+    lc: _LC
+    fa: _FA
+
+
+class YamlSeq(list):
+    """A YAML sequence with positions: ``.lc.item(i)``, ``.lc.line/col``."""
+
+    lc: _LC
+    fa: _FA
+
+
+class LiteralStr(str):
+    """A ``|`` block scalar."""
+
+
+class FoldedStr(str):
+    """A ``>`` block scalar."""
+
+
+Container = YamlMap | YamlSeq
+
+
+_INT = re.compile(r"^[-+]?[0-9]+$|^0o[0-7]+$|^0x[0-9a-fA-F]+$")
+_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+_SPECIAL_FLOAT = {
+    ".inf": float("inf"),
+    "+.inf": float("inf"),
+    "-.inf": float("-inf"),
+    ".nan": float("nan"),
+}
+
+
+def _scalar_value(node: yaml.ScalarNode) -> Any:
+    """YAML 1.2 core schema (``on``/``yes`` stay strings, ``010`` is ten)."""
+    v = node.value
+    if node.style == "|":
+        return LiteralStr(v)
+    if node.style == ">":
+        return FoldedStr(v)
+    if node.style in ("'", '"'):
+        return v
+    if v in ("", "~", "null", "Null", "NULL"):
+        return None
+    if v in ("true", "True", "TRUE"):
+        return True
+    if v in ("false", "False", "FALSE"):
+        return False
+    if _INT.match(v):
+        return int(v, 0) if v.startswith(("0o", "0x")) else int(v, 10)
+    if _FLOAT.match(v):
+        return float(v)
+    if v.lower() in _SPECIAL_FLOAT:
+        return _SPECIAL_FLOAT[v.lower()]
+    return v
+
+
+def _hashable(v: Any) -> Any:
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return str(v)
 
 
 class YamlText:
@@ -37,27 +138,60 @@ class YamlText:
     # ---- loading
     def documents(self) -> list[Any]:
         try:
-            return self._load(allow_duplicates=False)
-        except DuplicateKeyError as e:
-            # YAML splits flow mappings at every comma: {cell: geo_hash(lat, lon, 6)} gives
-            # keys 'lon' and '6)'. Such collections are re-read paren-aware later, so a
-            # "duplicate" inside a flow collection holding a call is not the user's mistake.
-            mark = e.problem_mark
-            line = self.lines[mark.line] if mark and mark.line < len(self.lines) else ""
-            head = line[: mark.column] if mark else ""
-            if "{" in head and "(" in head:
-                return self._load(allow_duplicates=True)
-            raise self._yaml_error(e) from None
+            nodes = list(yaml.compose_all(self.text, Loader=_YAML_LOADER))
         except MarkedYAMLError as e:
             raise self._yaml_error(e) from None
         except YAMLError as e:
             raise self.error(f"invalid YAML: {e}", Span(self.file, 1, 1, 1, 2)) from None
+        dups: list[Diagnostic] = []
+        docs = [self._convert(n, dups) for n in nodes if n is not None]
+        if dups:
+            raise DslError(dups)
+        return [d for d in docs if d is not None]
 
-    def _load(self, allow_duplicates: bool) -> list[Any]:
-        yaml = YAML(typ="rt")
-        yaml.preserve_quotes = True
-        yaml.allow_duplicate_keys = allow_duplicates
-        return [d for d in yaml.load_all(self.text) if d is not None]
+    def _convert(self, node: yaml.Node, dups: list[Diagnostic]) -> Any:
+        if isinstance(node, yaml.ScalarNode):
+            return _scalar_value(node)
+        mark = node.start_mark
+        if isinstance(node, yaml.SequenceNode):
+            seq = YamlSeq()
+            seq.lc, seq.fa = _LC(mark.line, mark.column), _FA(bool(node.flow_style))
+            for child in node.value:
+                seq.lc.items.append((child.start_mark.line, child.start_mark.column))
+                seq.append(self._convert(child, dups))
+            return seq
+        m = YamlMap()
+        m.lc, m.fa = _LC(mark.line, mark.column), _FA(bool(node.flow_style))
+        for knode, vnode in node.value:
+            key = (
+                knode.value
+                if isinstance(knode, yaml.ScalarNode)
+                else _hashable(self._convert(knode, dups))
+            )
+            if key in m:
+                # YAML splits flow mappings at every comma: {cell: geo_hash(lat, lon, 6)}
+                # gives keys 'lon' and '6)'. Such collections are re-read paren-aware
+                # (entries()), so a "duplicate" there is not the user's mistake.
+                line = (
+                    self.lines[knode.start_mark.line]
+                    if knode.start_mark.line < len(self.lines)
+                    else ""
+                )
+                head = line[: knode.start_mark.column]
+                if not (node.flow_style and "(" in head):
+                    kl, kc = knode.start_mark.line, knode.start_mark.column
+                    dups.append(
+                        self.diagnostic(
+                            f"invalid YAML: duplicate key '{key}'",
+                            self._span_at(kl, kc, len(str(key))),
+                            "each key may appear once",
+                        )
+                    )
+                continue
+            m.lc.keys[key] = (knode.start_mark.line, knode.start_mark.column)
+            m.lc.values[key] = (vnode.start_mark.line, vnode.start_mark.column)
+            m[key] = self._convert(vnode, dups)
+        return m
 
     def _yaml_error(self, e: MarkedYAMLError) -> DslError:
         mark = e.problem_mark or e.context_mark
@@ -95,11 +229,11 @@ class YamlText:
 
         return attach_source(e, {self.file: self.text})
 
-    # ---- positions (ruamel gives 0-based line/col)
+    # ---- positions (nodes carry 0-based line/col)
     def _span_at(self, line0: int, col0: int, length: int) -> Span:
         return Span(self.file, line0 + 1, col0 + 1, line0 + 1, col0 + 1 + max(length, 1))
 
-    def key_span(self, m: CommentedMap, key: Any) -> Span | None:
+    def key_span(self, m: YamlMap, key: Any) -> Span | None:
         try:
             ln, col = m.lc.key(key)
         except (KeyError, AttributeError, TypeError):
@@ -108,7 +242,7 @@ class YamlText:
 
     def value_span(self, c: Container, key: Any) -> Span | None:
         try:
-            ln, col = c.lc.value(key) if isinstance(c, CommentedMap) else c.lc.item(key)
+            ln, col = c.lc.value(key) if isinstance(c, YamlMap) else c.lc.item(key)
         except (KeyError, AttributeError, TypeError, IndexError):
             return self.node_span(c)
         v = c[key]
@@ -166,13 +300,13 @@ class YamlText:
             else ("true" if v is True else "false" if v is False else str(v))
         )
         try:
-            ln, col = c.lc.value(key) if isinstance(c, CommentedMap) else c.lc.item(key)
+            ln, col = c.lc.value(key) if isinstance(c, YamlMap) else c.lc.item(key)
         except (KeyError, AttributeError, TypeError, IndexError):
             return text, 1, 1, None
         line = self.lines[ln] if ln < len(self.lines) else ""
-        if isinstance(v, LiteralScalarString):
+        if isinstance(v, LiteralStr):
             return text, ln + 1, col + 1, self._block_positions(ln, text)
-        if isinstance(v, FoldedScalarString):
+        if isinstance(v, FoldedStr):
             first = self._block_positions(ln, text[:1])
             start = (first[0][0] - 1, first[0][1] - 1) if first else (ln + 1, 0)
             return text, ln + 1, col + 1, self._aligned_positions(start[0], start[1], text)
@@ -228,12 +362,12 @@ class YamlText:
             if raw is not None:
                 return raw
         if mapping:
-            if not isinstance(v, CommentedMap):
+            if not isinstance(v, YamlMap):
                 raise self.error(
                     f"'{key}' must be a mapping (name: expression)", self.value_span(c, key)
                 )
             return [Entry(str(k), self.key_span(v, k), *self._scalar_entry(v, k)) for k in v]
-        if isinstance(v, CommentedSeq):
+        if isinstance(v, YamlSeq):
             return [
                 Entry(None, self.value_span(v, i), *self._scalar_entry(v, i)) for i in range(len(v))
             ]
@@ -250,7 +384,7 @@ class YamlText:
 
     def _flow_entries(self, c: Container, key: Any, *, mapping: bool) -> list[Entry] | None:
         try:
-            ln, col = c.lc.value(key) if isinstance(c, CommentedMap) else c.lc.item(key)
+            ln, col = c.lc.value(key) if isinstance(c, YamlMap) else c.lc.item(key)
         except (KeyError, AttributeError, TypeError, IndexError):
             return None
         return self._flow_scan(self._offset(ln, col), key, mapping=mapping)
@@ -369,7 +503,7 @@ class YamlText:
 
     # ---- validation helpers
     def check_keys(
-        self, m: CommentedMap, allowed: Sequence[str], what: str, required: Iterable[str] = ()
+        self, m: YamlMap, allowed: Sequence[str], what: str, required: Iterable[str] = ()
     ) -> None:
         problems = []
         for key in m:
@@ -393,9 +527,9 @@ class YamlText:
         if problems:
             raise DslError(problems)
 
-    def mapping(self, c: Container, key: Any, what: str) -> CommentedMap:
+    def mapping(self, c: Container, key: Any, what: str) -> YamlMap:
         v = c[key]
-        if not isinstance(v, CommentedMap):
+        if not isinstance(v, YamlMap):
             raise self.error(
                 f"{what} must be a mapping (key: value lines), got {_kind(v)}",
                 self.value_span(c, key),
@@ -419,7 +553,7 @@ class YamlText:
     def items(self, c: Container, key: Any) -> list[tuple[Container, Any]]:
         """A scalar or a list of scalars, as (container, key) pairs for positions."""
         v = c[key]
-        if isinstance(v, CommentedSeq):
+        if isinstance(v, YamlSeq):
             return [(v, i) for i in range(len(v))]
         return [(c, key)]
 
@@ -439,9 +573,9 @@ class Entry:
 
 
 def _kind(v: Any) -> str:
-    if isinstance(v, CommentedMap):
+    if isinstance(v, YamlMap):
         return "a mapping"
-    if isinstance(v, CommentedSeq):
+    if isinstance(v, YamlSeq):
         return "a list"
     if v is None:
         return "nothing"

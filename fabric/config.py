@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from dsl import parser as P
 from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.options import check_uri, duration_seconds
 from dsl.types import ValueType
-from dsl.yamlpos import YamlText
+from dsl.yamlpos import YamlMap, YamlSeq, YamlText
 
 TOP_KEYS = (
     "connections",
@@ -241,13 +240,10 @@ def load_config(
     if source is None:
         return FabricConfig(None, Path(root or ".").resolve())
     if isinstance(source, Mapping):
-        import io
+        import yaml
 
-        from ruamel.yaml import YAML
-
-        buf = io.StringIO()
-        YAML(typ="rt").dump(_plain(source), buf)
-        return _load_text(buf.getvalue(), "<config>", None, Path(root or ".").resolve(), env)
+        text = yaml.safe_dump(_plain(source), sort_keys=False)
+        return _load_text(text, "<config>", None, Path(root or ".").resolve(), env)
     if isinstance(source, str) and "\n" in source:
         return _load_text(source, "<config>", None, Path(root or ".").resolve(), env)
     path = Path(source)
@@ -301,9 +297,9 @@ class _Loader:
                 )
 
             return _ENV.sub(repl, str(v))
-        if isinstance(v, CommentedMap):
+        if isinstance(v, YamlMap):
             return {str(k): self.subst(v, k) for k in v}
-        if isinstance(v, CommentedSeq):
+        if isinstance(v, YamlSeq):
             return [self.subst(v, i) for i in range(len(v))]
         return v
 
@@ -315,8 +311,8 @@ def _load_text(
     docs = y.documents()
     if len(docs) > 1:
         raise y.error("fabric.yaml must hold one YAML document", y.node_span(docs[1]))
-    doc = docs[0] if docs else CommentedMap()
-    if not isinstance(doc, CommentedMap):
+    doc = docs[0] if docs else YamlMap()
+    if not isinstance(doc, YamlMap):
         raise y.error(
             "fabric.yaml must be a mapping (connections:, datasets:, bindings: ...)",
             y.node_span(doc),
@@ -352,7 +348,7 @@ def _load_text(
     )
 
 
-def _name_ok(L: _Loader, m: CommentedMap, key: Any, what: str) -> str:
+def _name_ok(L: _Loader, m: YamlMap, key: Any, what: str) -> str:
     k = str(key)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", k):
         raise L.y.error(
@@ -363,7 +359,7 @@ def _name_ok(L: _Loader, m: CommentedMap, key: Any, what: str) -> str:
     return k
 
 
-def _connections(L: _Loader, doc: CommentedMap) -> dict[str, ConnectionConfig]:
+def _connections(L: _Loader, doc: YamlMap) -> dict[str, ConnectionConfig]:
     y = L.y
     m = y.mapping(doc, "connections", "connections")
     out = {}
@@ -411,7 +407,7 @@ def _schema(L: _Loader, parent: Any, key: Any, what: str) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _type(L: _Loader, m: CommentedMap, key: Any) -> ValueType:
+def _type(L: _Loader, m: YamlMap, key: Any) -> ValueType:
     y = L.y
     if not isinstance(m[key], str):
         raise y.error(
@@ -427,7 +423,7 @@ def _type(L: _Loader, m: CommentedMap, key: Any) -> ValueType:
 
 
 def _datasets(
-    L: _Loader, doc: CommentedMap, conns: Mapping[str, ConnectionConfig]
+    L: _Loader, doc: YamlMap, conns: Mapping[str, ConnectionConfig]
 ) -> dict[str, DatasetConfig]:
     y = L.y
     m = y.mapping(doc, "datasets", "datasets")
@@ -495,7 +491,7 @@ def _datasets(
     return out
 
 
-def _indexes(L: _Loader, dm: CommentedMap, schema: pa.Schema, ds: str) -> tuple[IndexConfig, ...]:
+def _indexes(L: _Loader, dm: YamlMap, schema: pa.Schema, ds: str) -> tuple[IndexConfig, ...]:
     y = L.y
     im = y.mapping(dm, "indexes", "indexes")
     out = []
@@ -509,7 +505,7 @@ def _indexes(L: _Loader, dm: CommentedMap, schema: pa.Schema, ds: str) -> tuple[
             )
         v = im[col]
         opts: dict[str, Any] = {}
-        if isinstance(v, CommentedMap):
+        if isinstance(v, YamlMap):
             if "kind" not in v:
                 raise y.error(
                     f"index on '{c}' needs 'kind'",
@@ -559,7 +555,7 @@ def P_type(t: pa.DataType) -> str:
     return from_arrow(t)
 
 
-def _bindings(L: _Loader, doc: CommentedMap) -> tuple[str, ...]:
+def _bindings(L: _Loader, doc: YamlMap) -> tuple[str, ...]:
     y = L.y
     out = []
     for c, k in y.items(doc, "bindings"):
@@ -569,7 +565,7 @@ def _bindings(L: _Loader, doc: CommentedMap) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _stale(L: _Loader, m: CommentedMap, key: Any, base: StaleWhen | None = None) -> StaleWhen:
+def _stale(L: _Loader, m: YamlMap, key: Any, base: StaleWhen | None = None) -> StaleWhen:
     y = L.y
     sm = y.mapping(m, key, "stale_when")
     y.check_keys(sm, STALE_KEYS, "stale_when")
@@ -583,7 +579,7 @@ def _stale(L: _Loader, m: CommentedMap, key: Any, base: StaleWhen | None = None)
     return StaleWhen(msgs, secs)
 
 
-def _signals(L: _Loader, doc: CommentedMap) -> SignalsConfig:
+def _signals(L: _Loader, doc: YamlMap) -> SignalsConfig:
     y = L.y
     m = y.mapping(doc, "signals", "signals")
     y.check_keys(m, SIGNAL_KEYS, "signals")
@@ -621,7 +617,7 @@ def _signals(L: _Loader, doc: CommentedMap) -> SignalsConfig:
     return SignalsConfig(stale, hb, tuple(targets), sources, float(hyst), timeout)
 
 
-def _sandbox(L: _Loader, doc: CommentedMap) -> SandboxConfig:
+def _sandbox(L: _Loader, doc: YamlMap) -> SandboxConfig:
     y = L.y
     m = y.mapping(doc, "sandbox", "sandbox")
     y.check_keys(m, SANDBOX_KEYS, "sandbox")
@@ -637,7 +633,7 @@ def _sandbox(L: _Loader, doc: CommentedMap) -> SandboxConfig:
     return SandboxConfig(**kw)
 
 
-def _crypto(L: _Loader, doc: CommentedMap) -> CryptoConfig:
+def _crypto(L: _Loader, doc: YamlMap) -> CryptoConfig:
     y = L.y
     m = y.mapping(doc, "crypto", "crypto")
     y.check_keys(m, CRYPTO_KEYS, "crypto")
@@ -649,7 +645,7 @@ def _crypto(L: _Loader, doc: CommentedMap) -> CryptoConfig:
     return CryptoConfig(pub, agents)
 
 
-def _server(L: _Loader, doc: CommentedMap) -> ServerConfig:
+def _server(L: _Loader, doc: YamlMap) -> ServerConfig:
     y = L.y
     m = y.mapping(doc, "server", "server")
     y.check_keys(m, SERVER_KEYS, "server")
@@ -659,7 +655,7 @@ def _server(L: _Loader, doc: CommentedMap) -> ServerConfig:
     )
 
 
-def _ingest(L: _Loader, doc: CommentedMap) -> IngestConfig:
+def _ingest(L: _Loader, doc: YamlMap) -> IngestConfig:
     y = L.y
     m = y.mapping(doc, "ingest", "ingest")
     y.check_keys(m, INGEST_KEYS, "ingest")
