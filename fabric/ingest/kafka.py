@@ -304,10 +304,11 @@ class KafkaIngestor:
         return True
 
     def _run_safely(self) -> None:
-        self._open()
         backoff = 0.5
         while not self._stop.is_set():
             try:
+                if self._consumer is None:
+                    self._open()
                 self.step()
                 backoff = 0.5
             except Exception as exc:  # never let the ingest thread die: report, back off, retry
