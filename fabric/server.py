@@ -243,7 +243,9 @@ class ServerThread:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``fabric serve [--config fabric.yaml] [--host H] [--port P]``."""
-    p = argparse.ArgumentParser(prog="fabric serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="fabric serve", description=__doc__.split("\n\n")[0].replace("``", "")
+    )
     p.add_argument(
         "--config", default="fabric.yaml", help="path to fabric.yaml (default: ./fabric.yaml)"
     )
