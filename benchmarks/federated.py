@@ -171,6 +171,28 @@ def naive_top(cat: LocalCatalog, key: str, user: int) -> tuple[pa.Table, dict[st
     return g, {"o": n_o, "k": n_k}
 
 
+def one_document_mongo(cat: LocalCatalog) -> LocalCatalog:
+    """A catalog whose Mongo sources send ``{a: .., b: ..}`` instead of ``{$and: [{a: ..},
+    {b: ..}]}`` when the conjuncts name different fields: same semantics, but SecantusDB
+    then uses the merchant_id index instead of scanning the collection."""
+    from connectors.mongo import MongoSource
+
+    class OneDocument(MongoSource):
+        def find_filter(self, filters, params, now=None):  # type: ignore[override]
+            q = super().find_filter(filters, params, now)
+            parts = q.get("$and") if list(q) == ["$and"] else None
+            if parts and all(isinstance(p, dict) for p in parts):
+                keys = [k for p in parts for k in p]
+                if len(keys) == len(set(keys)) and not any(k.startswith("$") for k in keys):
+                    return {k: v for p in parts for k, v in p.items()}
+            return q
+
+    out = LocalCatalog(cat.connections)
+    src = out.source("mongo://crm/coupons")
+    src.__class__ = OneDocument
+    return out
+
+
 # ---------------------------------------------------------------- measuring
 
 
@@ -195,34 +217,41 @@ def run(args: argparse.Namespace) -> None:
     log("plans:\n" + nearby.explain() + "\n" + top.explain())
 
     users = [1 + (i * 7919) % sizes.users for i in range(args.queries)]
+    fixed = one_document_mongo(cat)
     rows: list[tuple] = []
     for scenario, plan, refn, naive in (
         ("nearby_offers", nearby, sd.ref_nearby, lambda u: naive_nearby(cat, topic, u)),
         ("top_category", top, sd.ref_top, lambda u: naive_top(cat, csv_key, u)),
     ):
-        execute(
-            plan, {"user_id": users[0]}, cat, binding=scenario, now=sd.NOW
-        )  # warm-up (pools, metadata)
-        lat: list[float] = []
-        fetched: dict[str, int] = {}
-        needed: dict[str, int] = {}
-        mismatches = 0
-        start = time.monotonic()
-        for u in users:
-            if len(lat) >= 3 and time.monotonic() - start > args.budget:
-                break
-            t0 = time.perf_counter()
-            res = execute(plan, {"user_id": u}, cat, binding=scenario, now=sd.NOW)
-            lat.append((time.perf_counter() - t0) * 1000)
-            expected, need = refn(ref, u)
-            mismatches += _differs(res.table, expected)
-            for alias, s in res.stats["sources"].items():
-                fetched[alias] = fetched.get(alias, 0) + s["rows"]
-                needed[alias] = needed.get(alias, 0) + need[alias]
-        rows.append((scenario, "fabric", len(lat), lat, fetched, needed, mismatches))
-        log(
-            f"{scenario} fabric: p50 {pct(lat, 0.5):.1f} ms over {len(lat)} queries, {mismatches} mismatches"
-        )
+        ways = [("fabric", cat)] + ([("fabric+", fixed)] if scenario == "nearby_offers" else [])
+        for way, catalog in ways:
+            execute(plan, {"user_id": users[0]}, catalog, binding=scenario, now=sd.NOW)  # warm-up
+            lat: list[float] = []
+            fetched: dict[str, int] = {}
+            needed: dict[str, int] = {}
+            mismatches = 0
+            start = time.monotonic()
+            for u in users:
+                if len(lat) >= 3 and time.monotonic() - start > args.budget:
+                    break
+                t0 = time.perf_counter()
+                res = execute(plan, {"user_id": u}, catalog, binding=scenario, now=sd.NOW)
+                lat.append((time.perf_counter() - t0) * 1000)
+                expected, need = refn(ref, u)
+                mismatches += _differs(res.table, expected)
+                for alias, st in res.stats["sources"].items():
+                    fetched[alias] = fetched.get(alias, 0) + st["rows"]
+                    needed[alias] = needed.get(alias, 0) + need[alias]
+            rows.append((scenario, way, len(lat), lat, fetched, needed, mismatches))
+            log(
+                f"{scenario} {way}: p50 {pct(lat, 0.5):.1f} ms, {len(lat)} queries, {mismatches} wrong"
+            )
+            log(
+                "one query, analyzed:\n"
+                + execute(
+                    plan, {"user_id": users[1]}, catalog, binding=scenario, analyze=True, now=sd.NOW
+                ).explain
+            )
 
         nlat: list[float] = []
         nfetched: dict[str, int] = {}
@@ -241,9 +270,7 @@ def run(args: argparse.Namespace) -> None:
                 nfetched[alias] = nfetched.get(alias, 0) + n
                 nneeded[alias] = nneeded.get(alias, 0) + need[alias]
         rows.append((scenario, "naive", len(nlat), nlat, nfetched, nneeded, nmis))
-        log(
-            f"{scenario} naive: p50 {pct(nlat, 0.5):.1f} ms over {len(nlat)} queries, {nmis} mismatches"
-        )
+        log(f"{scenario} naive: p50 {pct(nlat, 0.5):.1f} ms, {len(nlat)} queries, {nmis} wrong")
 
     print()
     print(
@@ -267,9 +294,14 @@ def run(args: argparse.Namespace) -> None:
             tail = f"{mis:>5}" if i == 0 else ""
             print(f"{lead} {alias:<6} {f:>11,.1f} {nd:>9,.1f} {ratio:>9} {tail}")
     print()
-    for scenario in ("nearby_offers", "top_category"):
-        speed = p50[(scenario, "naive")] / p50[(scenario, "fabric")]
-        print(f"{scenario}: fabric p50 is {speed:,.0f}x faster than fetching every source whole")
+    for (scenario, way), v in p50.items():
+        if way != "naive":
+            speed = p50[(scenario, "naive")] / v
+            print(f"{scenario}: {way} p50 is {speed:,.1f}x faster than fetching every source whole")
+    print(
+        "fabric+ = the same plan with the Mongo connector sending its conjuncts as one filter document "
+        "instead of $and (the fix proposed for connectors/mongo.py: SecantusDB runs $and as a collection scan)."
+    )
     print(
         "rows fetched = rows a source returned to the fabric. The Kafka source reads the whole topic "
         "and filters it client-side (it has no index); the S3 CSV is read whole and filtered in pyarrow."
