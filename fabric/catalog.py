@@ -31,17 +31,18 @@ from connectors.base import (
 from dsl.errors import DslError, Span, did_you_mean
 from fabric.config import ConnectionConfig, DatasetConfig, FabricConfig
 
-#: capabilities assumed for a kind when planning offline (no connector opened)
+#: capabilities assumed for a kind when planning offline (no connector opened); they
+#: mirror the connectors' own ``Source.capabilities``
 OFFLINE_CAPABILITIES: dict[str, frozenset[str]] = {
-    "kafka": frozenset({"projection", "latest_by", "time_range"}),
+    "kafka": frozenset({"projection", "limit", "latest_by", "time_range"}),
     "mysql": frozenset({"projection", "limit", "order_by"}),
     "postgres": frozenset({"projection", "limit", "order_by"}),
     "sql": frozenset({"projection", "limit", "order_by"}),
     "mongo": frozenset({"projection", "limit", "order_by"}),
-    "s3": frozenset({"projection"}),
-    "file": frozenset({"projection"}),
+    "s3": frozenset({"projection", "limit"}),
+    "file": frozenset({"projection", "limit"}),
     "memory": frozenset({"projection", "limit", "order_by"}),
-    "dataset": frozenset({"projection", "limit", "order_by", "vector_search", "time_range"}),
+    "dataset": frozenset({"projection", "limit", "vector_search"}),
 }
 SQL_KINDS = ("mysql", "postgres", "sql")
 
