@@ -122,7 +122,14 @@ class SqlSource(Source):
         self.conn = conn
         self.table = table
         self._schema = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in table.columns])
-        self.mysql = conn.engine.dialect.name in ("mysql", "mariadb")
+        dialect = conn.engine.dialect.name
+        self.mysql = dialect in ("mysql", "mariadb")
+        # Other dialects: string comparison, LIKE and ordering semantics (collations) are
+        # unknown here, so those filters are left to the fabric and order is not pushed.
+        self.generic = dialect not in ("mysql", "mariadb", "postgresql")
+        self.naive_times = dialect != "postgresql"  # bind UTC datetimes without a zone
+        if self.generic:
+            self.capabilities = frozenset({"projection", "limit"})
         self._stats: Statistics | None = None
         self.last_sql: str | None = None  # the statement text of the last scan (with placeholders)
 
@@ -235,10 +242,10 @@ class _Translator:
             raise NotTranslatable(f"a {type(v).__name__} value cannot be compared here: {e}")
         if isinstance(v, dt.datetime):
             v = v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
-            if self.src.mysql:
+            if self.src.naive_times:
                 v = v.replace(tzinfo=None)  # the session time zone is UTC
             return sa.bindparam(
-                None, v, type_=sa.DateTime(timezone=not self.src.mysql)
+                None, v, type_=sa.DateTime(timezone=not self.src.naive_times)
             ), pa.timestamp("us", tz="UTC")
         if v is None:
             return sa.null(), None
@@ -291,6 +298,8 @@ class _Translator:
             a, ta = self.value(e.args[0])
             if e.name in ("lower", "upper", "length") and not _is_text(ta):
                 raise NotTranslatable(f"{e.name}() of a non-string: {e}")
+            if e.name in ("lower", "upper", "length"):
+                self._text_ok(ta)
             if e.name == "abs":
                 if not _numeric(ta):
                     raise NotTranslatable(f"abs() of a non-number: {e}")
@@ -328,6 +337,7 @@ class _Translator:
             ">": "__gt__",
             ">=": "__ge__",
         }[op]
+        self._text_ok(ta)
         if _is_text(ta) and self.pg and op not in ("=", "!="):
             return getattr(a.collate("C") if isinstance(left, Column) else a, fn)(
                 b.collate("C") if isinstance(right, Column) else b
@@ -372,6 +382,7 @@ class _Translator:
         a, ta = self.value(e.expr)
         if ta is None:
             raise NotTranslatable(f"'in' on a null: {e}")
+        self._text_ok(ta)
         if isinstance(e.items, Param):
             if self.probe:
                 return a.in_(sa.bindparam(None, [], expanding=True))
@@ -407,10 +418,16 @@ class _Translator:
             return sa.false() if len(nonnull) < len(items) else sa.not_(r)
         return r
 
+    def _text_ok(self, t: pa.DataType | None) -> None:
+        if self.src.generic and _is_text(t):
+            raise NotTranslatable(
+                f"string comparison semantics of {self.src.conn.engine.dialect.name} are not known"
+            )
+
     def _plain(self, v: Any) -> Any:
         if isinstance(v, dt.datetime):
             v = v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
-            return v.replace(tzinfo=None) if self.src.mysql else v
+            return v.replace(tzinfo=None) if self.src.naive_times else v
         return v
 
     def _like(self, e: Like) -> Any:
@@ -418,6 +435,7 @@ class _Translator:
         p, tp = self.value(e.pattern)
         if not (_is_text(ta) and _is_text(tp)):
             raise NotTranslatable(f"'like' needs strings: {e}")
+        self._text_ok(ta)
         if e.case_insensitive:
             a, p = sa.func.lower(a), sa.func.lower(p)
         if self.src.mysql:
