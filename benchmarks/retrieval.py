@@ -193,17 +193,17 @@ def recall(found: np.ndarray, exp: np.ndarray) -> float:
 def run_point(
     src: DatasetSource, p: Point, qs: np.ndarray, gt: list[np.ndarray], slow: int
 ) -> dict[str, dict]:
-    """Every strategy on every query, interleaved per query in rotating order, so machine
+    """Every strategy on every query, interleaved per query in random order, so machine
     noise and the cache effects of the previous run hit every strategy alike."""
     names = ["postfilter", "insearch", "prefilter", "exact", "optimizer"]
     lat: dict[str, list[float]] = {s: [] for s in names}
     rec: dict[str, list[float]] = {s: [] for s in names}
     chosen: dict[str, int] = {}
     filters = () if p.where is None else (p.where,)
+    order = np.random.default_rng(7)
     for i, (q, exp) in enumerate(zip(qs, gt)):
-        for s in names[i % len(names) :] + names[: i % len(names)]:
-            if s in ("insearch", "exact") and i >= slow:
-                continue
+        active = [s for s in names if i < slow or s not in ("insearch", "exact")]
+        for s in map(str, order.permutation(active)):
             strat = None if s == "optimizer" else s
             t = time.perf_counter()
             table, info = src.search(
