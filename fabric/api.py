@@ -51,21 +51,53 @@ class Fabric:
         self.bindings = BindingFiles(self.compiler, config.binding_files, config.root)
         self._ingest = ingest
         self._closed = False
+        self.service: Any = None
+        if not offline:
+            self._start_datasets(ingest)
         if watch:
             self.bindings.watch()
-        if ingest:
-            self._start_ingest()
 
     # ---- lifecycle
-    def _start_ingest(self) -> None:
-        """LEAD: wire Kafka ingestion of the datasets declared in fabric.yaml here
-        (fabric.ingest); until then open() does not ingest."""
+    def _start_datasets(self, ingest: bool) -> None:
+        """Materialize the datasets of fabric.yaml (loaded from their last checkpoint),
+        attach each to the catalog as ``dataset://<name>``, and, with ``ingest``, start
+        consuming the Kafka-fed ones. Freshness of every source is tracked for results,
+        ``freshness()`` and the pushed signals."""
+        from connectors.dataset import DatasetSource
+        from fabric.datasets import FabricService
+
+        self.service = FabricService.from_config(self.config)
+        try:
+            self.service.start(ingest=ingest)
+        except BaseException:
+            self.service.stop()
+            raise
+        for name, ds in self.service.manager.datasets.items():
+            self.catalog.register_dataset(name, DatasetSource(f"dataset://{name}", ds))
+        self.catalog.freshness = self._source_freshness  # type: ignore[attr-defined]
+
+    def _source_freshness(self, uri: str) -> Mapping[str, Any] | None:
+        """The executor's freshness provider: what ingestion knows of a dataset."""
+        tracker = self.service.tracker
+        name = uri[len("dataset://") :] if uri.startswith("dataset://") else uri
+        if name not in tracker.sources():
+            return None
+        f = tracker.source(name)
+        if f.kind != "kafka":
+            return None
+        return {
+            "lag_messages": f.lag_messages,
+            "lag_seconds": f.lag_seconds,
+            "event_time": f.newest_event_time,
+        }
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self.bindings.stop()
+        if self.service is not None:
+            self.service.stop()
         self.catalog.close()
 
     def __enter__(self) -> Fabric:
@@ -155,18 +187,20 @@ class Fabric:
             compiled.bind(session)
         return compiled.explain(optimized)
 
-    # ---- to be wired by the lead
+    # ---- datasets and freshness
     def dataset(self, name: str) -> Any:
-        """LEAD: return the materialized dataset ``name`` (upsert/delete/count)."""
-        raise NotImplementedError(
-            "Fabric.dataset() is wired by the datasets integration (indexes/, connectors/dataset.py)"
-        )
+        """The materialized, indexed dataset ``name``: ``upsert(table)``, ``delete(keys)``,
+        ``count()``, ``search(...)``."""
+        if self.service is None:
+            raise LookupError("this fabric was opened offline: no datasets are materialized")
+        return self.service.manager.dataset(name)
 
-    def freshness(self) -> Any:
-        """LEAD: every source and binding with its freshness, as GET /v1/freshness serves it."""
-        raise NotImplementedError(
-            "Fabric.freshness() is wired by the freshness integration (fabric/freshness.py)"
-        )
+    def freshness(self) -> dict[str, Any]:
+        """Every source and binding with state, lags and since-when, as ``GET
+        /v1/freshness`` serves it."""
+        if self.service is None:
+            return {"sources": {}, "bindings": {}}
+        return self.service.tracker.snapshot()
 
     def __repr__(self) -> str:
         return f"Fabric({self.config.path or '<config>'}, bindings={self.bindings.names()})"
