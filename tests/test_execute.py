@@ -587,3 +587,36 @@ def test_vector_search_through_an_indexed_dataset(tables) -> None:
     assert res.table.column("id").to_pylist() == expected
     assert res.stats["sources"]["n"]["rows"] == 5
     assert "VectorSearch n:" in res.explain
+
+
+def test_encrypted_score_hook_gets_node_table_and_params(tables) -> None:
+    from fabric.plan.nodes import EncryptedScore
+
+    cat = world.catalog(tables)
+    inner = world.nearby_offers(cat)  # Limit(Project(Sort(join)))
+    sort = inner.input.input
+    node = EncryptedScore(sort, "score", Call("dot", (Param("ctx"), C("c.discount"))))
+    plan = Limit(
+        Project(
+            node, (("code", C("c.code"), pa.string()), ("score", Column("score"), pa.binary()))
+        ),
+        3,
+    )
+    seen = {}
+
+    def crypto_score(n, table, params):
+        seen.update(node=n, rows=table.num_rows, ctx=params["ctx"])
+        return [b"ct-%d" % v for v in table.column("c.discount").to_pylist()]
+
+    with pytest.raises(QueryError, match="CKKS public context"):
+        execute(optimize(plan, cat), {"user_id": 2, "ctx": b"x"}, cat, binding="risk", now=NOW)
+    cat.crypto_score = crypto_score
+    res = execute(optimize(plan, cat), {"user_id": 2, "ctx": b"x"}, cat, binding="risk", now=NOW)
+    assert seen["node"].name == "score" and seen["ctx"] == b"x" and seen["rows"] >= 3
+    top3 = execute(optimize(inner, cat), {"user_id": 2}, cat, binding="b", now=NOW).table.slice(
+        0, 3
+    )
+    assert res.table.column("code").to_pylist() == top3.column("code").to_pylist()  # order kept
+    assert res.table.column("score").to_pylist() == [
+        b"ct-%d" % d for d in top3.column("discount").to_pylist()
+    ]
