@@ -262,6 +262,81 @@ def faiss_run(
     return out
 
 
+def lance_sql(e: Expr | None, n: int) -> str | None:
+    """The same predicate for LanceDB (keywords as boolean columns, time as seconds)."""
+    if e is None:
+        return None
+    if isinstance(e, Binary) and e.op == "and":
+        return f"({lance_sql(e.left, n)}) AND ({lance_sql(e.right, n)})"
+    if isinstance(e, Call):
+        return f"kw_{e.args[1].value}"  # type: ignore[union-attr]
+    assert isinstance(e, Binary) and isinstance(e.left, Column) and isinstance(e.right, Literal)
+    if e.left.name == "ts":
+        return f"ts_s {e.op} {int((e.right.value - T0).total_seconds())}"
+    return f"{e.left.name} {e.op} {e.right.value}"
+
+
+def lancedb_run(
+    x: np.ndarray,
+    a: dict[str, np.ndarray],
+    qs: np.ndarray,
+    pts: list[Point],
+    gts: list[list[np.ndarray]],
+    cache: str,
+    nq: int,
+) -> dict[str, dict] | str:
+    """LanceDB's own filtered search: IVF_PQ (256 lists, 16 sub-vectors, nprobes 20, refine 10),
+    BTREE scalar indexes on rnd/corr/ts_s and BITMAP indexes on the keyword flags, prefilter."""
+    try:
+        import lancedb
+    except ImportError:
+        return "lancedb not installed (pip install -e .[bench])"
+    n = len(x)
+    db = lancedb.connect(os.path.join(cache, f"lancedb-{n}"))
+    t = time.perf_counter()
+    try:
+        tbl = db.open_table("bench")
+        build = -1.0
+    except Exception:
+        cols = {
+            "id": np.arange(n, dtype=np.int64),
+            "rnd": a["rnd"],
+            "corr": a["corr"],
+            "ts_s": a["ts_s"],
+        }
+        cols |= {f"kw_{w}": a[f"kw_{w}"] for w in KEYWORDS}
+        cols["vector"] = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), DIM)
+        tbl = db.create_table("bench", pa.table(cols))
+        tbl.create_index(
+            metric="l2", num_partitions=256, num_sub_vectors=16, vector_column_name="vector"
+        )
+        for c in ("rnd", "corr", "ts_s"):
+            tbl.create_scalar_index(c, index_type="BTREE")
+        for w in KEYWORDS:
+            tbl.create_scalar_index(f"kw_{w}", index_type="BITMAP")
+        build = time.perf_counter() - t
+    out: dict[str, dict] = {"_build_s": {"s": build}}
+    for p, gt in zip(pts, gts):
+        sql = lance_sql(p.where, n)
+        lat, rec = [], []
+        for q, exp in zip(qs[:nq], gt[:nq]):
+            t = time.perf_counter()
+            qb = tbl.search(q).limit(K).select(["id", "_distance"]).nprobes(20).refine_factor(10)
+            if sql:
+                qb = qb.where(sql, prefilter=True)
+            ids = qb.to_arrow().column("id").to_numpy()
+            lat.append(time.perf_counter() - t)
+            rec.append(recall(ids, exp))
+        out[p.name] = {"p50": float(np.median(lat)) * 1e3, "recall": float(np.mean(rec))}
+    return out
+
+
+def _lancedb_version() -> str:
+    import lancedb
+
+    return str(getattr(lancedb, "__version__", "?"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200_000)
@@ -270,6 +345,13 @@ def main() -> None:
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fabric/bench"))
     ap.add_argument("--only", default=None, help="substring: run only matching points")
     ap.add_argument("--no-faiss", action="store_true")
+    ap.add_argument(
+        "--lancedb",
+        type=int,
+        default=0,
+        metavar="Q",
+        help="also run LanceDB on the first Q queries",
+    )
     ap.add_argument("--calibrate", action="store_true", help="re-measure unit costs first")
     ap.add_argument(
         "--ef", type=int, default=128, help="HNSW search breadth (recall 0.977 at 128 here)"
@@ -360,7 +442,23 @@ def main() -> None:
             for p in pts:
                 r = fr[p.name]
                 print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
-    print("\nLanceDB / Chroma: not run (not installed here; see docs/indexes.md).")
+    if args.lancedb:
+        lr = lancedb_run(x, a, qs, pts, gts, args.cache, args.lancedb)
+        print()
+        if isinstance(lr, str):
+            print(f"LanceDB: skipped ({lr})")
+        else:
+            b = lr["_build_s"]["s"]
+            print(
+                f"## LanceDB {_lancedb_version()} IVF_PQ + scalar indexes, prefilter ({'cached table' if b < 0 else f'build {b:.1f} s'}; first {args.lancedb} queries; library call only)"
+            )
+            print()
+            print("| point | p50 ms | recall@10 |")
+            print("|---|---|---|")
+            for p in pts:
+                r = lr[p.name]
+                print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
+    print("\nChroma: not run (not installed here).")
     _ = array_of
 
 
