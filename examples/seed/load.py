@@ -113,7 +113,8 @@ def _json_default(v: object) -> object:
     raise TypeError(type(v))
 
 
-def produce(bootstrap: str, topic: str, table: pa.Table, key: str, *, recreate: bool = True, partitions: int = 2) -> int:
+def produce(bootstrap: str, topic: str, table: pa.Table, key: str, *, recreate: bool = True, partitions: int = 2,
+            flush_every: int = 10_000) -> int:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -134,12 +135,13 @@ def produce(bootstrap: str, topic: str, table: pa.Table, key: str, *, recreate: 
                 import time
 
                 time.sleep(0.1)
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                  "queue.buffering.max.messages": max(100_000, flush_every + 1)})
     n = 0
     for row in table.to_pylist():
         p.produce(topic, key=str(row[key]).encode(), value=json.dumps(row, default=_json_default).encode())
         n += 1
-        if n % 10_000 == 0:
+        if n % flush_every == 0:
             p.flush()
         p.poll(0)
     p.flush()
