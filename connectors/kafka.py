@@ -137,7 +137,12 @@ class KafkaSource(Source):
         lo_t, hi_t = request.time_range or (None, None)
         tsf = self.conn.timestamp_field(self.topic)
         timeout = request.timeout or self.conn.timeout
-        stats = {"messages": 0, "bad_messages": 0, "rows": 0, "partitions": len(self.partitions)}
+        stats: dict[str, Any] = {
+            "messages": 0,
+            "bad_messages": 0,
+            "rows": 0,
+            "partitions": len(self.partitions),
+        }
         self.last_scan, self.errors = stats, []
         newest: float | None = None
         out_schema = pa.schema([self._schema.field(c) for c in cols])

@@ -306,13 +306,13 @@ class MongoSource(Source):
             )
         try:
             if not keys or _native_order(keys):
-                sort = [(k.expr.name, -1 if k.descending else 1) for k in keys]
+                sort = [(_name(k), -1 if k.descending else 1) for k in keys]
                 yield from self._batches(
                     self._find(query, projection, sort, request.limit, request), schema, request
                 )
             elif len(keys) == 1:
                 # ascending, nulls last: non-null values in order, then the nulls
-                name, left = keys[0].expr.name, request.limit
+                name, left = _name(keys[0]), request.limit
                 nonnull = (
                     {"$and": [query, {name: {"$ne": None}}]} if query else {name: {"$ne": None}}
                 )
@@ -379,6 +379,11 @@ class MongoSource(Source):
         return batch
 
 
+def _name(k: SortKey) -> str:
+    assert isinstance(k.expr, Column)
+    return k.expr.name
+
+
 def _native_order(keys: tuple[SortKey, ...]) -> bool:
     """Mongo sorts null/missing lowest: ascending puts nulls first, descending last."""
     return all(
@@ -394,7 +399,7 @@ def _sort_table(table: pa.Table, keys: tuple[SortKey, ...]) -> pa.Table:
     for k in reversed(keys):
         order = "descending" if k.descending else "ascending"
         idx = pc.sort_indices(
-            table, sort_keys=[(k.expr.name, order, "at_start" if k.nulls_first else "at_end")]
+            table, sort_keys=[(_name(k), order, "at_start" if k.nulls_first else "at_end")]
         )
         table = table.take(idx)
     return table

@@ -129,7 +129,7 @@ class SqlSource(Source):
         self.generic = dialect not in ("mysql", "mariadb", "postgresql")
         self.naive_times = dialect != "postgresql"  # bind UTC datetimes without a zone
         if self.generic:
-            self.capabilities = frozenset({"projection", "limit"})
+            self.capabilities = frozenset({"projection", "limit"})  # type: ignore[misc]
         self._stats: Statistics | None = None
         self.last_sql: str | None = None  # the statement text of the last scan (with placeholders)
 
@@ -394,7 +394,7 @@ class _Translator:
             values = [self._plain(v) for v in values]
             nulls = any(v is None for v in values)
             values = [v for v in values if v is not None]
-            bp = sa.bindparam(None, values, expanding=True)
+            bp: Any = sa.bindparam(None, values, expanding=True)
             r = a.in_(bp)
             if _is_text(ta) and self.src.mysql:
                 r = sa.and_(r, self._binary(a, ta).in_(sa.bindparam(None, values, expanding=True)))
@@ -564,8 +564,8 @@ class SqlConnection(Connection):
             raise self._error(exc) from exc
 
     def source(self, obj: str, options: Mapping[str, Any] | None = None) -> SqlSource:
-        schema, _, table = obj.rpartition(".")
-        schema = schema or self.db_schema
+        prefix, _, table = obj.rpartition(".")
+        schema: str | None = prefix or self.db_schema
         try:
             if obj not in self._tables:
                 self._tables[obj] = sa.Table(
