@@ -45,6 +45,7 @@ class Produced:
         self.topic = topic
         self.where: dict[int, tuple[int, int]] = {}
         self.expected: dict[str, dict] = {}
+        self.log: list[tuple[int, str | None, dict | bytes | None]] = []
         self.i = 0
 
     def send(self, key: str | None, value: dict | bytes | None) -> int:
@@ -56,6 +57,7 @@ class Produced:
             self.where[i] = (msg.partition(), msg.offset())
 
         raw = json.dumps(value).encode() if isinstance(value, dict) else value
+        self.log.append((i, key, value))
         self.p.produce(
             self.topic, key=None if key is None else key.encode(), value=raw, on_delivery=cb
         )
@@ -69,6 +71,19 @@ class Produced:
 
     def flush(self) -> None:
         assert self.p.flush(30) == 0
+
+    def state_below(self, offsets: dict[int, int]) -> dict[str, dict]:
+        """The dataset state after applying exactly the messages below ``offsets``."""
+        state: dict[str, dict] = {}
+        for i, key, value in self.log:
+            part, off = self.where[i]
+            if off >= offsets.get(part, 0) or key is None:
+                continue
+            if value is None:
+                state.pop(key, None)
+            elif isinstance(value, dict):
+                state[key] = value
+        return state
 
 
 def dataset_rows(ds: Dataset) -> dict[str, dict]:
@@ -185,6 +200,8 @@ def test_kill_9_mid_ingest_then_restart_converges_exactly(
     c.close()
     ck = checkpoint.latest(state)
     assert ck is not None and sum(ck.offsets.values()) > 0
+    # the checkpoint left by the killed process holds exactly the messages below its offsets
+    assert_matches(Dataset.load(str(ck.dataset_dir)), prod.state_below(dict(ck.offsets)))
 
     second = run_ingestor(
         kafka_bootstrap, topic, state, "--exit-when-caught-up", "--timeout", "120"
@@ -450,3 +467,55 @@ def test_broker_down_keeps_serving_marks_stale_and_resumes(tmp_path):
             ing.stop(checkpoint_now=False)
         broker.kill()
         broker.wait(10)
+
+
+@pytest.mark.slow
+def test_repeated_kill_9_every_checkpoint_holds_exactly_its_offsets(
+    kafka_bootstrap, new_topic, tmp_path, cleanup_dlq
+):
+    """Kill the ingestor at varying moments while it checkpoints as often as it can: every
+    checkpoint left behind equals the replay of the messages below its offsets, and the
+    final run converges."""
+    import random
+
+    topic = new_topic(partitions=2, prefix="ingest_kills")
+    cleanup_dlq(topic)
+    prod = Produced(kafka_bootstrap, topic)
+    for r in range(4):
+        for k in range(1500):
+            prod.send(f"k{k}", doc(f"k{k}", r * 1500 + k))
+        for k in range(r, 1500, 40):
+            prod.send(f"k{k}", None)
+    prod.flush()
+    state = tmp_path / "state"
+    rng = random.Random(7)
+    seen = set()
+    for _ in range(4):
+        proc = run_ingestor(
+            kafka_bootstrap,
+            topic,
+            state,
+            "--batch-size",
+            "300",
+            "--pause",
+            "0.02",
+            "--checkpoint-interval",
+            "0.05",
+        )
+        target = rng.randint(3, 12)
+        batches = 0
+        for line in proc.stdout:
+            batches += json.loads(line)["event"] == "batch"
+            if batches >= target:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        ck = checkpoint.latest(state)
+        if ck is not None:
+            seen.add(ck.seq)
+            assert_matches(Dataset.load(str(ck.dataset_dir)), prod.state_below(dict(ck.offsets)))
+    assert len(seen) >= 2  # the kills left different checkpoints behind
+    final = run_ingestor(kafka_bootstrap, topic, state, "--exit-when-caught-up", "--timeout", "120")
+    _, err = final.communicate(timeout=180)
+    assert final.returncode == 0, err[-3000:]
+    assert_matches(Dataset.load(str(checkpoint.latest(state).dataset_dir)), prod.expected)
