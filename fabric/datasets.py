@@ -15,6 +15,7 @@ a materialized dataset (bindings read it as ``dataset://news``), the URI otherwi
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import re
 import shutil
@@ -102,6 +103,7 @@ class DatasetManager:
         self.datasets: dict[str, Any] = {}
         self.ingestors: dict[str, KafkaIngestor] = {}
         self._offsets: dict[str, dict[int, int]] = {}
+        self._locks: dict[str, Any] = {}
         for d in self.decls.values():  # fail early, before anything starts
             feed = d.kafka_feed()
             if feed and feed[0] not in self.connections:
@@ -185,12 +187,21 @@ class DatasetManager:
             )
             if self.tracker is not None:
                 self.tracker.register_source(d.name, self.thresholds.get(d.name), uri=d.from_uri)
+            sdir: Path | None = self.state_dir / d.name
+            if not self._lock(d.name):
+                log.warning(
+                    "dataset %s: another process holds %s and writes its checkpoints; "
+                    "this one ingests into memory only (from the latest checkpoint)",
+                    d.name,
+                    sdir,
+                )
+                sdir = None
             ing = KafkaIngestor(
                 d.name,
                 self.datasets[d.name],
                 opts,
                 tracker=self.tracker,
-                state_dir=self.state_dir / d.name,
+                state_dir=sdir,
                 start_offsets=self._offsets.get(d.name),
             )
             self.ingestors[d.name] = ing.start()
@@ -216,6 +227,24 @@ class DatasetManager:
         for ing in self.ingestors.values():
             ing.stop(checkpoint_now=checkpoint_now)
         self.ingestors.clear()
+        for f in self._locks.values():
+            f.close()  # releases the flock
+        self._locks.clear()
+
+    def _lock(self, name: str) -> bool:
+        """One checkpoint writer per state directory (an advisory ``flock`` on ``.lock``)."""
+        if name in self._locks:
+            return True
+        d = self.state_dir / name
+        d.mkdir(parents=True, exist_ok=True)
+        f = open(d / ".lock", "a+")  # noqa: SIM115 (held until stop())
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            return False
+        self._locks[name] = f
+        return True
 
 
 def bindings_from_specs(

@@ -116,3 +116,23 @@ def test_ingests_from_the_second_broker_too(tansu_bootstrap, tansu_topic, tmp_pa
     finally:
         m.stop()
     assert sum(checkpoint.latest(tmp_path / "docs").offsets.values()) >= 2000
+
+
+def test_a_second_process_on_the_same_state_ingests_in_memory_only(
+    kafka_bootstrap, new_topic, tmp_path
+):
+    topic = new_topic(partitions=1, prefix="mgr_lock")
+    produce(kafka_bootstrap, topic, 0, 100)
+    first = manager(kafka_bootstrap, topic, tmp_path).start()
+    second = manager(
+        kafka_bootstrap, topic, tmp_path
+    ).start()  # e.g. fabric serve + an agent's fabric.open()
+    try:
+        assert first.wait_caught_up(30) and second.wait_caught_up(30)
+        assert first.dataset("docs").count() == second.dataset("docs").count() == 100
+        assert first.ingestors["docs"].state_dir is not None
+        assert second.ingestors["docs"].state_dir is None  # only one checkpoint writer
+    finally:
+        second.stop()
+        first.stop()
+    assert checkpoint.latest(tmp_path / "docs").offsets == {0: 100}
