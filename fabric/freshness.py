@@ -178,7 +178,7 @@ class FreshnessTracker:
             self._overrides = {k: StateMachine(t, now=now) for k, t in (overrides or {}).items()}
             for b, srcs in self._bindings.items():
                 for s in srcs:
-                    self.register_source(s)
+                    self.register_source(s, kind="live", uri=s)  # no-op if registered
                 self._binding_state.setdefault(b, (FRESH, now))
             self._refresh_bindings(now)
 
