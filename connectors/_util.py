@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -209,6 +209,31 @@ def typed_params(
                     if isinstance(b, Param):
                         check(c, b, False)
     return out
+
+
+def apply_locally(
+    batches: Iterator[pa.RecordBatch],
+    filters: list[Expr],
+    params: Mapping[str, Any],
+    limit: int | None,
+    columns: list[str],
+) -> Iterator[pa.RecordBatch]:
+    """Filters the source could not take, applied to its batches (then the limit, then the
+    projection): used when a filter reaches ``scan`` without being offered first."""
+    from connectors.arrow_expr import filter_table
+
+    left = limit
+    for b in batches:
+        t = pa.Table.from_batches([b])
+        for f in filters:
+            t = filter_table(t, f, params)
+        t = t.select(columns)
+        if left is not None:
+            t = t.slice(0, left)
+            left -= t.num_rows
+        yield from t.to_batches()
+        if left is not None and left <= 0:
+            return
 
 
 def ms(seconds: float | None, default: float) -> int:

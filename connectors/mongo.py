@@ -25,7 +25,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors._util import flat_options, is_json_field, schema_from_spec, typed_params
+from connectors._util import (
+    apply_locally,
+    flat_options,
+    is_json_field,
+    schema_from_spec,
+    typed_params,
+)
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
 from connectors.base import (
     Connection,
@@ -278,7 +284,15 @@ class MongoSource(Source):
         )
 
     def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
-        query = self.find_filter(request.filters, request.params)
+        params = typed_params(request.filters, request.params, self._schema, self.uri)
+        tr = _Translator(self, params, utcnow())
+        parts, local = [], []
+        for f in request.filters:
+            try:
+                parts.append(tr.go(f))
+            except NotTranslatable:  # a filter not offered first (dynamic): applied below
+                local.append(f)
+        query = merge_and(parts)
         self.last_filter = query
         cols = list(request.columns) if request.columns is not None else self._schema.names
         unknown = [c for c in cols if c not in self._fields]
@@ -286,6 +300,15 @@ class MongoSource(Source):
             raise KeyError(
                 f"{self.uri} has no column {', '.join(unknown)}; existing: {', '.join(self._schema.names)}"
             )
+        selected = list(dict.fromkeys([*cols, *sorted(c.name for f in local for c in f.columns())]))
+        batches = self._scan(request, query, selected, None if local else request.limit)
+        if local:
+            batches = apply_locally(batches, local, params, request.limit, cols)
+        yield from batches
+
+    def _scan(
+        self, request: ScanRequest, query: dict[str, Any], cols: list[str], limit: int | None
+    ) -> Iterator[pa.RecordBatch]:
         schema = pa.schema([self._fields[c] for c in cols])
         need = list(
             dict.fromkeys(
@@ -296,7 +319,7 @@ class MongoSource(Source):
         if "_id" not in need:
             projection["_id"] = 0
         self.last_stats = {"documents": 0, "bad_values": 0}
-        if request.limit is not None and request.limit <= 0:
+        if limit is not None and limit <= 0:
             yield pa.RecordBatch.from_pylist([], schema=schema)
             return
         keys = request.order_by
@@ -308,11 +331,11 @@ class MongoSource(Source):
             if not keys or _native_order(keys):
                 sort = [(_name(k), -1 if k.descending else 1) for k in keys]
                 yield from self._batches(
-                    self._find(query, projection, sort, request.limit, request), schema, request
+                    self._find(query, projection, sort, limit, request), schema, request
                 )
             elif len(keys) == 1:
                 # ascending, nulls last: non-null values in order, then the nulls
-                name, left = _name(keys[0]), request.limit
+                name, left = _name(keys[0]), limit
                 nonnull = (
                     {"$and": [query, {name: {"$ne": None}}]} if query else {name: {"$ne": None}}
                 )
@@ -335,8 +358,8 @@ class MongoSource(Source):
                     schema=schema,
                 )
                 table = _sort_table(table, keys)
-                if request.limit is not None:
-                    table = table.slice(0, request.limit)
+                if limit is not None:
+                    table = table.slice(0, limit)
                 yield from table.to_batches(max_chunksize=request.batch_size)
         except (KeyError, ValueError):
             raise

@@ -29,7 +29,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql as sa_mysql
 from sqlalchemy.engine import Engine, make_url
 
-from connectors._util import BadValueError, flat_options, typed_params
+from connectors._util import BadValueError, apply_locally, flat_options, typed_params
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
 from connectors.base import (
     ColumnStats,
@@ -167,7 +167,15 @@ class SqlSource(Source):
 
     # ----------------------------------------------------------------- scan
 
-    def statement(self, request: ScanRequest, now: dt.datetime | None = None) -> sa.Select:
+    def plan(
+        self, request: ScanRequest, now: dt.datetime | None = None
+    ) -> tuple[sa.Select, list[Expr], list[str], dict[str, Any]]:
+        """(statement, filters applied here instead, columns selected, bound params).
+
+        A filter that arrives without having been offered to ``supports_filter`` (a
+        dynamic join-key filter) and does not translate is applied by the connector on the
+        fetched rows; the limit then waits until after it.
+        """
         now = now or utcnow()
         params = typed_params(request.filters, request.params, self._schema, self.uri)
         cols = list(request.columns) if request.columns is not None else self._schema.names
@@ -176,15 +184,30 @@ class SqlSource(Source):
             raise KeyError(
                 f"{self.uri} has no column {', '.join(missing)}; existing: {', '.join(self._schema.names)}"
             )
-        stmt = sa.select(*[self.table.c[c] for c in cols]) if cols else sa.select(sa.literal(1))
+        where, local = [], []
         for f in request.filters:
-            stmt = stmt.where(self.translate(f, params, now))
+            try:
+                where.append(self.translate(f, params, now))
+            except NotTranslatable:
+                local.append(f)
+        extra = sorted({c.name for f in local for c in f.columns()} - set(cols))
+        selected = [*cols, *extra]
+        stmt = (
+            sa.select(*[self.table.c[c] for c in selected])
+            if selected
+            else sa.select(sa.literal(1))
+        )
+        for w in where:
+            stmt = stmt.where(w)
         for key in request.order_by:
             for clause in self._order(key, params, now):
                 stmt = stmt.order_by(clause)
-        if request.limit is not None:
+        if request.limit is not None and not local:
             stmt = stmt.limit(int(request.limit))
-        return stmt
+        return stmt, local, selected, params
+
+    def statement(self, request: ScanRequest, now: dt.datetime | None = None) -> sa.Select:
+        return self.plan(request, now)[0]
 
     def _order(self, key: Any, params: Mapping[str, Any], now: dt.datetime) -> list[Any]:
         tr = _Translator(self, params, now)
@@ -206,11 +229,14 @@ class SqlSource(Source):
         return out
 
     def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
-        stmt = self.statement(request)
+        stmt, local, selected, params = self.plan(request)
         cols = list(request.columns) if request.columns is not None else self._schema.names
-        schema = pa.schema([self._schema.field(c) for c in cols])
+        schema = pa.schema([self._schema.field(c) for c in selected])
         self.last_sql = str(stmt.compile(self.conn.engine))
-        yield from self.conn.stream(self, stmt, schema, request)
+        batches = self.conn.stream(self, stmt, schema, request)
+        if local:
+            batches = apply_locally(batches, local, params, request.limit, cols)
+        yield from batches
 
 
 def _param_is_list(e: Expr, name: str) -> bool:

@@ -453,3 +453,50 @@ def test_kafka_time_range_on_an_event_time_field(kafka_bootstrap: str, new_topic
     hi = (event0 + dt.timedelta(minutes=9)).timestamp()
     out = to_table(src.scan(ScanRequest(time_range=(lo, hi))), src.schema())
     assert sorted(out.column("user_id").to_pylist()) == [5, 6, 7, 8, 9]
+
+
+def test_filters_reaching_scan_unoffered_are_applied_by_the_connector(
+    mongo_db: Any, mongo_url: str, tmp_path: Any
+) -> None:
+    """A dynamic join-key filter arrives without supports_filter; if it does not translate
+    (SQLite string keys, Mongo arithmetic) the connector applies it itself, before the limit."""
+    import sqlalchemy as sa
+
+    from connectors.base import Pushdown
+    from connectors.mongo import MongoConnection
+    from connectors.sql import SqlConnection
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE m (id INTEGER PRIMARY KEY, code TEXT)")
+        c.exec_driver_sql("INSERT INTO m VALUES (1, 'a'), (2, 'b'), (3, 'A'), (4, 'c')")
+    src = SqlConnection("lite", {"kind": "sql", "url": url}).source("m")
+    f = InList(Column("code"), Param("__dyn_0"))
+    assert src.supports_filter(f) is Pushdown.UNSUPPORTED
+    out = to_table(
+        src.scan(
+            ScanRequest(columns=("id",), filters=(f,), params={"__dyn_0": ["a", "c"]}, limit=1)
+        ),
+        pa.schema([("id", pa.int64())]),
+    )
+    assert out.column("id").to_pylist() == [1]
+    out = to_table(
+        src.scan(ScanRequest(columns=("id",), filters=(f,), params={"__dyn_0": ["a", "c"]})),
+        pa.schema([("id", pa.int64())]),
+    )
+    assert sorted(out.column("id").to_pylist()) == [1, 4]
+
+    mongo_db.dyn.insert_many([{"a": i, "b": 10 - i} for i in range(10)])
+    msrc = MongoConnection("crm", {"url": mongo_url, "database": mongo_db.name}).source("dyn")
+    g = Binary(
+        ">", Binary("*", Column("a"), Column("b")), Literal(20, "int")
+    )  # a*(10-a) > 20: a in 3..7
+    assert msrc.supports_filter(g) is Pushdown.UNSUPPORTED
+    both = (g, Binary(">=", Column("a"), Literal(5, "int")))
+    out = to_table(
+        msrc.scan(ScanRequest(columns=("a",), filters=both, limit=2)),
+        pa.schema([("a", pa.int64())]),
+    )
+    assert out.column("a").to_pylist() == [5, 6]
+    assert msrc.last_filter == {"a": {"$gte": 5}}
