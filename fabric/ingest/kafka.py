@@ -249,6 +249,9 @@ class KafkaIngestor:
         self._lag_backoff = options.lag_interval
         self._md_at = 0.0
         self._applied_cond = threading.Condition()
+        self._gen = 0  # batches applied; a lag measurement spanning a batch is not exact
+        self._repartition = False  # the lag thread saw new partitions: assign them
+        self._lag_thread: threading.Thread | None = None
         if tracker is not None:
             tracker.register_source(source, uri=f"kafka://{options.topic}")
 
@@ -259,13 +262,18 @@ class KafkaIngestor:
             target=self._run_safely, name=f"fabric-ingest-{self.source}", daemon=True
         )
         self._thread.start()
+        self._lag_thread = threading.Thread(
+            target=self._lag_loop, name=f"fabric-lag-{self.source}", daemon=True
+        )
+        self._lag_thread.start()
         return self
 
     def stop(self, checkpoint_now: bool = True, timeout: float = 30.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        for t in (self._thread, self._lag_thread):
+            if t is not None:
+                t.join(timeout)
+        self._thread = self._lag_thread = None
         if checkpoint_now and self._dirty:
             self.checkpoint()
         if self._consumer is not None:
@@ -406,7 +414,10 @@ class KafkaIngestor:
                 self._error(f"kafka: {err.str()}")
         n = self._apply(good) if good else 0
         now = time.monotonic()
-        if now >= self._next_lag:
+        if self._repartition:
+            self._repartition = False
+            self._assign_new()
+        if self._lag_thread is None and now >= self._next_lag:
             self._measure_lag()
         if (
             self.options.checkpoint_interval
@@ -477,6 +488,7 @@ class KafkaIngestor:
         st.batches += 1
         self._dirty = True
         self._exact_lag = None
+        self._gen += 1
         if self.tracker is not None:
             self.tracker.record_applied(self.source, n, newest / 1000.0 if newest else None)
             if dead:
@@ -551,10 +563,28 @@ class KafkaIngestor:
 
     # ------------------------------------------------------------------ lag
 
-    def _measure_lag(self) -> None:
-        assert self._consumer is not None
-        c = self._consumer
+    def _lag_loop(self) -> None:
+        """Measure lag on a consumer of its own, so it keeps moving during a long upsert
+        (an HNSW fold, a checkpoint) and a producer outrunning ingestion is seen at once."""
+        c: Consumer | None = None
+        while not self._stop.wait(self._lag_backoff):
+            try:
+                if c is None:
+                    c = Consumer({"bootstrap.servers": self.options.bootstrap, "group.id": f"{self.options.group_id}.lag",
+                                  "logger": logging.getLogger("fabric.ingest.librdkafka")})  # fmt: skip
+                self._measure_lag(c)
+            except Exception as exc:  # keep measuring; report
+                self._error(f"lag measurement: {type(exc).__name__}: {exc}")
+        if c is not None:
+            c.close()
+
+    def _measure_lag(self, c: Consumer | None = None) -> None:
+        """Watermarks of every partition against the next offsets to apply (see freshness)."""
+        in_loop = c is None
+        c = c or self._consumer
+        assert c is not None
         now = time.monotonic()
+        gen, offsets = self._gen, dict(self.next_offsets)
         try:
             if not self.partitions or now - self._md_at > 30:
                 md = c.list_topics(self.options.topic, timeout=5)
@@ -567,16 +597,21 @@ class KafkaIngestor:
                         f"topic {self.options.topic!r} is not available on {self.options.bootstrap} ({why}); "
                         "create it or fix 'from:' in fabric.yaml"
                     )
-                self.partitions = sorted(t.partitions)
+                new = sorted(t.partitions)
                 self._md_at = now
-                self._assign_new()
+                if new != self.partitions:
+                    self.partitions = new
+                    if in_loop:
+                        self._assign_new()
+                    else:  # only the ingest thread touches its consumer's assignment
+                        self._repartition = True
             total = 0
             detail: dict[str, Any] = {}
             for p in self.partitions:
                 low, high = c.get_watermark_offsets(
                     TopicPartition(self.options.topic, p), timeout=2, cached=False
                 )
-                nxt = self.next_offsets.get(p, low)
+                nxt = offsets.get(p, low)
                 lag = max(0, high - max(nxt, low))
                 total += lag
                 detail[str(p)] = {"low": low, "high": high, "next": nxt, "lag": lag}
@@ -587,7 +622,9 @@ class KafkaIngestor:
             return
         self._lag_backoff = self.options.lag_interval
         self._next_lag = time.monotonic() + self.options.lag_interval
-        self.lag_messages = self._exact_lag = total
+        self.lag_messages = total
+        if gen == self._gen:  # no batch applied meanwhile: an exact reading
+            self._exact_lag = total
         if self.last_error is not None:
             log.info("ingest %s: broker reachable again", self.source)
             self.last_error = None
