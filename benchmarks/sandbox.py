@@ -42,28 +42,26 @@ def pct(samples: list[float], q: float) -> float:
     return float(np.percentile(np.array(samples) * 1e3, q))
 
 
-def in_process(src: str, table: pa.Table, params: dict, calls: int) -> list[float]:
+def latencies(
+    pools: dict[str, SandboxPool], src: str, table: pa.Table, params: dict, calls: int
+) -> dict[str, list[float]]:
+    """Per-call times, interleaved (in-process, then each pool, per round) so that bursts of
+    other load on this shared machine hit every path alike."""
     ns: dict = {}
     exec(src, ns)
     fn = ns["run"]
-    out = []
+    for pool in pools.values():
+        for _ in range(20):  # warm both workers and the caches
+            pool.run(src, table, params=params, binding="bench")
+    out: dict[str, list[float]] = {"in-process": [], **{f"sandbox {t}": [] for t in pools}}
     for _ in range(calls):
         t0 = time.perf_counter()
         fn(table, **params)
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def sandboxed(
-    pool: SandboxPool, src: str, table: pa.Table, params: dict, calls: int
-) -> list[float]:
-    for _ in range(20):  # warm both workers and the caches
-        pool.run(src, table, params=params, binding="bench")
-    out = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        pool.run(src, table, params=params, binding="bench")
-        out.append(time.perf_counter() - t0)
+        out["in-process"].append(time.perf_counter() - t0)
+        for transport, pool in pools.items():
+            t0 = time.perf_counter()
+            pool.run(src, table, params=params, binding="bench")
+            out[f"sandbox {transport}"].append(time.perf_counter() - t0)
     return out
 
 
@@ -109,21 +107,27 @@ def main() -> None:
     print(f"{'snippet':<14} {'path':<16} {'p50 ms':>8} {'p99 ms':>8} {'overhead p50 ms':>16}")
     try:
         for name, src in SNIPPETS.items():
-            base = in_process(src, table, PARAMS[name], args.calls)
-            print(
-                f"{name:<14} {'in-process':<16} {pct(base, 50):>8.3f} {pct(base, 99):>8.3f} {'':>16}"
-            )
-            for transport, pool in pools.items():
-                sand = sandboxed(pool, src, table, PARAMS[name], args.calls)
+            times = latencies(pools, src, table, PARAMS[name], args.calls)
+            base = pct(times["in-process"], 50)
+            for path, samples in times.items():
+                over = "" if path == "in-process" else f"{pct(samples, 50) - base:.3f}"
                 print(
-                    f"{name:<14} {'sandbox ' + transport:<16} {pct(sand, 50):>8.3f} {pct(sand, 99):>8.3f} "
-                    f"{pct(sand, 50) - pct(base, 50):>16.3f}"
+                    f"{name:<14} {path:<16} {pct(samples, 50):>8.3f} {pct(samples, 99):>8.3f} {over:>16}"
                 )
         print()
         print(f"{'transport':<10} {'callers':<8} {'calls/s':>10} {'vs 1 caller':>12}")
-        for transport, pool in pools.items():
-            one = throughput(pool, SNIPPETS["return table"], table, 1, args.seconds)
-            two = throughput(pool, SNIPPETS["return table"], table, 2, args.seconds)
+        # interleaved rounds, median per configuration: bursts of other load hit all alike
+        rates: dict[tuple[str, int], list[float]] = {}
+        for _ in range(3):
+            for transport, pool in pools.items():
+                for callers in (1, 2):
+                    rate = throughput(
+                        pool, SNIPPETS["return table"], table, callers, args.seconds / 3
+                    )
+                    rates.setdefault((transport, callers), []).append(rate)
+        for transport in pools:
+            one = float(np.median(rates[(transport, 1)]))
+            two = float(np.median(rates[(transport, 2)]))
             print(f"{transport:<10} {1:<8} {one:>10.0f} {1.0:>12.2f}")
             print(f"{transport:<10} {2:<8} {two:>10.0f} {two / one:>12.2f}")
     finally:
