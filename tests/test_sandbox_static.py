@@ -96,3 +96,29 @@ def test_a_local_named_like_a_forbidden_builtin_is_fine():
     assert check_snippet(src, file="g.yaml", line=1, col=1) == []
     (d,) = check_snippet("def run(table):\n    return vars(table)\n", file="g.yaml", line=1, col=1)
     assert "'vars' is not allowed" in d.message
+
+
+def test_positions_match_the_binding_loader_for_a_block_scalar():
+    """check_snippet fed with the loader's (file, line, col) underlines the file's own text."""
+    from dsl.loader import load_text
+
+    text = (
+        "binding: market_open_news\n"
+        "session:\n  k: int\n"
+        "sources:\n  n:\n    from: dataset://news\n"
+        "select: [n.id, n.body]\n"
+        "pushdown:\n"
+        "  python: |\n"
+        "    import json\n"
+        "    import socket\n"
+        "    def run(table, k):\n"
+        "        return table.slice(0, k)\n"
+        "  params: [k]\n"
+    )
+    (spec,) = load_text(text, "agents/news.yaml")
+    pd = spec.pushdown
+    (d,) = check_snippet(pd.python, file=pd.file, line=pd.line, col=pd.col)
+    file_line = text.splitlines()[d.span.line - 1]
+    assert file_line == "    import socket"
+    assert file_line[d.span.col - 1 :].startswith("import socket")
+    assert d.source_line == file_line
