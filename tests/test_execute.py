@@ -473,7 +473,9 @@ def test_missing_hooks_and_params_are_clear_errors(tables) -> None:
     cat.sandbox = lambda: Sandbox()
     assert execute(optimize(plan, cat), {}, cat, binding="b").table.num_rows == 2
 
-    with pytest.raises(QueryError, match="session value 'user_id' is not bound"):
+    with pytest.raises(
+        QueryError, match=r"session value\(s\) 'user_id' not bound\n  hint: pass session="
+    ):
         execute(optimize(world.top_category(cat), cat), {}, cat, binding="b", now=NOW)
 
 

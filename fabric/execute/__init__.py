@@ -24,6 +24,7 @@ times (see docs/execution.md).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import datetime as dt
 import threading
 import time
@@ -117,6 +118,13 @@ class _Run:
     # ------------------------------------------------------------ driver
     def run(self) -> Result:
         t0 = time.perf_counter()
+        missing = sorted(_plan_params(self.plan) - set(self.params))
+        if missing:
+            raise QueryError(
+                self.binding,
+                f"session value(s) {', '.join(repr(m) for m in missing)} not bound",
+                hint=f"pass session={{{', '.join(repr(m) + ': ...' for m in missing)}}}",
+            )
         order = self._unit_order()
         pool = cf.ThreadPoolExecutor(
             max_workers=max(1, len(order)), thread_name_prefix="fabric-scan"
@@ -747,6 +755,30 @@ class _SourceFailed(Exception):
 
 
 NOW_PARAM = "__now"
+
+
+def _plan_params(plan: Plan) -> set[str]:
+    """Names of the session values a plan refers to."""
+    out: set[str] = set()
+
+    def collect(v: Any) -> None:
+        if isinstance(v, Expr):
+            out.update(v.params())
+        elif isinstance(v, tuple):
+            for x in v:
+                collect(x)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, Plan | type):
+            for f in dataclasses.fields(v):
+                collect(getattr(v, f.name))
+
+    for node in plan.walk():
+        for f in dataclasses.fields(node):
+            v = getattr(node, f.name)
+            if not isinstance(v, Plan):
+                collect(v)
+        if isinstance(node, UserFunction):
+            out.update(node.params)
+    return out
 
 
 def _bind_now(e: Expr) -> Expr:
