@@ -31,7 +31,13 @@ import pyarrow.csv
 import pyarrow.dataset as ds
 from pyarrow import fs as pafs
 
-from connectors._util import BadValueError, flat_options, schema_from_spec, typed_params
+from connectors._util import (
+    BadValueError,
+    apply_locally,
+    flat_options,
+    schema_from_spec,
+    typed_params,
+)
 from connectors.arrow_expr import NotTranslatable, to_arrow, utcnow
 from connectors.base import (
     ColumnStats,
@@ -143,6 +149,7 @@ class S3Source(Source):
         self._files: list[pafs.FileInfo] = []
         self._dataset: ds.FileSystemDataset | None = None
         self._stats: Statistics | None = None
+        self._naive_ts: set[str] = set()
         self.refresh()
 
     # ----------------------------------------------------------------- files
@@ -243,6 +250,19 @@ class S3Source(Source):
                 ]
                 fields += [f for f in want if f.name not in dataset.schema.names]
                 dataset = make(pa.schema(fields))  # files are read (and converted) into it
+            naive = [
+                f for f in dataset.schema if pa.types.is_timestamp(f.type) and f.type.tz is None
+            ]
+            self._naive_ts = {f.name for f in naive}
+            if naive:  # times without a zone are UTC, as everywhere in the fabric
+                dataset = make(
+                    pa.schema(
+                        [
+                            f.with_type(pa.timestamp(f.type.unit, tz="UTC")) if f in naive else f
+                            for f in dataset.schema
+                        ]
+                    )
+                )
         except (OSError, pa.ArrowException) as exc:
             raise self.conn.error(exc, self.obj) from exc
         self._files, self._dataset, self._stats, self._fmt = files, dataset, None, fmt
@@ -294,7 +314,9 @@ class S3Source(Source):
             raise self.conn.error(exc, self.obj) from exc
         names = set(self.schema().names)
         cols = {
-            n: ColumnStats(null_count=a[2], min=a[0] if a[3] else None, max=a[1] if a[3] else None)
+            n: ColumnStats(
+                null_count=a[2], min=_utc(a[0]) if a[3] else None, max=_utc(a[1]) if a[3] else None
+            )
             for n, a in acc.items()
             if n in names
         }
@@ -321,8 +343,12 @@ class S3Source(Source):
                 f"{self.uri} has no column {', '.join(unknown)}; existing: {', '.join(schema.names)}"
             )
         params = typed_params(request.filters, request.params, schema, self.uri)
-        pred = and_all(list(request.filters))
+        # Filters on zoneless file timestamps (read as UTC) cannot use the files' statistics:
+        # pyarrow would compare them with the raw column. They run on the scanned batches.
+        post = [f for f in request.filters if {c.name for c in f.columns()} & self._naive_ts]
+        pred = and_all([f for f in request.filters if f not in post])
         expr = to_arrow(pred, params, now=utcnow()) if pred is not None else None
+        read = list(dict.fromkeys([*cols, *sorted(c.name for f in post for c in f.columns())]))
         stats = {
             "files_total": len(self._files),
             "files_read": 0,
@@ -342,24 +368,23 @@ class S3Source(Source):
                 pieces = []
                 for f in frags:
                     stats["row_groups_total"] += f.metadata.num_row_groups
-                    pieces.extend(
-                        f.split_by_row_group(filter=expr, schema=schema)
-                        if expr is not None
-                        else f.split_by_row_group()
-                    )
+                    pieces.extend(_row_groups(f, expr, schema))
                 stats["row_groups_read"] = len(pieces)
                 frags = pieces
             target = ds.FileSystemDataset(
                 frags, schema=schema, format=self._fmt, filesystem=self.conn.fs
             )
-            scanner = target.scanner(columns=cols, filter=expr, batch_size=request.batch_size)
+            scanner = target.scanner(columns=read, filter=expr, batch_size=request.batch_size)
             left = request.limit
             if left is not None and left <= 0:
                 yield pa.RecordBatch.from_pylist(
                     [], schema=pa.schema([schema.field(c) for c in cols])
                 )
                 return
-            for b in scanner.to_batches():
+            batches: Iterator[pa.RecordBatch] = scanner.to_batches()
+            if post:
+                batches = apply_locally(batches, post, params, None, cols)
+            for b in batches:
                 if left is not None:
                     b = b.slice(0, left)
                     left -= b.num_rows
@@ -371,6 +396,23 @@ class S3Source(Source):
             raise
         except (OSError, pa.ArrowException) as exc:
             raise self.conn.error(exc, self.obj) from exc
+
+
+def _utc(v: Any) -> Any:
+    import datetime as dt
+
+    return v.replace(tzinfo=dt.UTC) if isinstance(v, dt.datetime) and v.tzinfo is None else v
+
+
+def _row_groups(frag: Any, expr: Any, schema: pa.Schema) -> list[Any]:
+    """The row groups of a Parquet file whose statistics may match ``expr`` (all of them
+    when the statistics cannot be compared, e.g. a zoneless timestamp read as UTC)."""
+    if expr is None:
+        return list(frag.split_by_row_group())
+    try:
+        return list(frag.split_by_row_group(filter=expr, schema=schema))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return list(frag.split_by_row_group())
 
 
 class S3Connection(Connection):

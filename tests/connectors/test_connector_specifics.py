@@ -500,3 +500,38 @@ def test_filters_reaching_scan_unoffered_are_applied_by_the_connector(
     )
     assert out.column("a").to_pylist() == [5, 6]
     assert msrc.last_filter == {"a": {"$gte": 5}}
+
+
+def test_zoneless_file_timestamps_read_as_utc_and_filterable(tmp_path: Any) -> None:
+    """Parquet written with naive timestamp[ns]: the column is UTC, and a timestamp filter
+    works (applied on the batches, since the file statistics are zoneless)."""
+    import pyarrow.parquet as pq
+
+    from connectors.base import Pushdown
+    from connectors.s3 import S3Connection
+
+    t0 = dt.datetime(2024, 1, 1)
+    tab = pa.table(
+        {
+            "id": list(range(100)),
+            "ts": pa.array([t0 + dt.timedelta(hours=i) for i in range(100)], pa.timestamp("ns")),
+        }
+    )
+    pq.write_table(tab, tmp_path / "x.parquet", row_group_size=10)
+    src = S3Connection("f", {"kind": "file", "root": str(tmp_path)}).source("x.parquet")
+    assert src.schema().field("ts").type == pa.timestamp("ns", tz="UTC")
+    f = Binary(">=", Column("ts"), Param("t"))
+    assert src.supports_filter(f) is Pushdown.EXACT
+    out = to_table(
+        src.scan(
+            ScanRequest(
+                filters=(f, Binary("<", Column("id"), Literal(90, "int"))),
+                params={"t": dt.datetime(2024, 1, 4, tzinfo=dt.UTC)},
+                columns=("id",),
+                limit=5,
+            )
+        ),
+        pa.schema([("id", pa.int64())]),
+    )
+    assert out.column("id").to_pylist() == [72, 73, 74, 75, 76]
+    assert src.statistics().columns["ts"].min == dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
