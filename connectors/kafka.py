@@ -434,6 +434,12 @@ class KafkaConnection(Connection):
             except Exception as exc:
                 raise self.error(exc, src.topic) from exc
         tsf = self.timestamp_field(src.topic)
+        if not docs:
+            raise SourceError(
+                src.uri,
+                "cannot infer a schema: the topic has no JSON object messages yet",
+                hint=f"declare it under connections.{self.name}.schemas.{src.topic} in fabric.yaml",
+            )
         return infer_schema(docs[: self.sample], timestamp_fields=[tsf] if tsf else [])
 
 

@@ -529,6 +529,12 @@ class MongoConnection(Connection):
                 docs = list(self.db[obj].find({}, limit=self.sample))
             except Exception as exc:
                 raise self.error(exc, obj) from exc
+            if not docs:
+                raise SourceError(
+                    self.uri(obj),
+                    "cannot infer a schema: the collection is empty",
+                    hint=f"declare it under connections.{self.name}.schemas.{obj} in fabric.yaml",
+                )
             schema = infer_schema(docs)
         return MongoSource(
             self.uri(obj), self, obj, schema, frozenset({"_id"}) | _oid_columns(docs)

@@ -535,3 +535,40 @@ def test_zoneless_file_timestamps_read_as_utc_and_filterable(tmp_path: Any) -> N
     )
     assert out.column("id").to_pylist() == [72, 73, 74, 75, 76]
     assert src.statistics().columns["ts"].min == dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+
+
+def test_empty_sources_need_a_declared_schema(
+    mongo_db: Any, mongo_url: str, kafka_bootstrap: str, new_topic: Any
+) -> None:
+    from connectors.base import SourceError
+    from connectors.kafka import KafkaConnection
+    from connectors.mongo import MongoConnection
+
+    mongo_db.create_collection("empty")
+    mc = MongoConnection("crm", {"url": mongo_url, "database": mongo_db.name})
+    with pytest.raises(
+        SourceError, match=r"mongo://crm/empty: cannot infer a schema.*schemas\.empty"
+    ):
+        mc.source("empty")
+    assert mc.source("empty", {"schema": {"a": "int"}}).schema().names == ["a"]
+    topic = new_topic()
+    kc = KafkaConnection("bus", {"bootstrap": kafka_bootstrap, "timeout": 2})
+    with pytest.raises(SourceError, match=f"kafka://bus/{topic}: cannot infer a schema"):
+        kc.source(topic)
+
+
+def test_mongo_object_ids_compare_as_object_ids(mongo_db: Any, mongo_url: str) -> None:
+    from connectors.mongo import MongoConnection
+
+    ids = mongo_db.oids.insert_many([{"n": i} for i in range(3)]).inserted_ids
+    src = MongoConnection("crm", {"url": mongo_url, "database": mongo_db.name}).source("oids")
+    out = to_table(
+        src.scan(
+            ScanRequest(
+                filters=(InList(Column("_id"), Param("ids")),),
+                params={"ids": [str(ids[1]), "nothex"]},
+            )
+        ),
+        src.schema(),
+    )
+    assert out.to_pylist() == [{"_id": str(ids[1]), "n": 1}]
