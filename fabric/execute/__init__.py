@@ -673,7 +673,10 @@ class _Run:
                 "encrypted scoring needs the CKKS public context, and this catalog has none",
                 hint="configure crypto: {public_context: agent.pub} in fabric.yaml",
             )
-        out = hook(node, table, self.params)
+        try:
+            out = hook(node, table, self.params)
+        except SourceError as e:
+            raise QueryError(self.binding, str(e), uri=e.uri, hint=e.hint) from e
         if isinstance(out, pa.Table):
             return out
         return table.append_column(pa.field(node.name, pa.binary()), pa.array(out, pa.binary()))
