@@ -262,7 +262,13 @@ class Catalog:
         from fabric.sandbox import SandboxLimits, shared_pool
 
         sb = self.config.sandbox
-        return _SandboxHook(shared_pool(size=sb.workers, limits=SandboxLimits.from_settings(sb)))
+        return _SandboxHook(
+            shared_pool(
+                size=sb.workers,
+                limits=SandboxLimits.from_settings(sb),
+                allowed_modules=sb.allowed_imports or None,
+            )
+        )
 
     def crypto_score(self, node: Any, table: pa.Table, params: Mapping[str, Any]) -> pa.Table:
         """The executor's hook for ``EncryptedScore``: score the encrypted session value under

@@ -84,7 +84,15 @@ INDEX_KEYS = {
     "btree": ("kind",),
     "inverted": ("kind", "tokenizer", "lowercase"),
 }
-SIGNAL_KEYS = ("stale_when", "heartbeat", "targets", "sources", "hysteresis", "timeout")
+SIGNAL_KEYS = (
+    "stale_when",
+    "heartbeat",
+    "targets",
+    "sources",
+    "hysteresis",
+    "recover_after",
+    "timeout",
+)
 STALE_KEYS = ("lag_messages", "lag_seconds")
 SANDBOX_KEYS = (
     "cpu_seconds",
@@ -154,7 +162,8 @@ class SignalsConfig:
     heartbeat_seconds: float = 5.0
     targets: tuple[str, ...] = ()
     sources: Mapping[str, StaleWhen] = field(default_factory=dict)  # per source URI overrides
-    hysteresis: float = 0.8  # recover when lag < hysteresis * threshold
+    hysteresis: float = 0.5  # fresh again only when lag <= hysteresis * threshold ...
+    recover_after_seconds: float = 2.0  # ... continuously for this long (no flapping)
     timeout_seconds: float = 2.0
 
     def threshold(self, uri: str) -> StaleWhen:
@@ -604,7 +613,7 @@ def _signals(L: _Loader, doc: YamlMap) -> SignalsConfig:
         srcm = y.mapping(m, "sources", "signals sources")
         for uri in srcm:
             sources[str(uri)] = _stale(L, srcm, uri, stale)
-    hyst = 0.8
+    hyst = 0.5
     if "hysteresis" in m:
         hyst = m["hysteresis"]
         if isinstance(hyst, bool) or not isinstance(hyst, int | float) or not 0 < hyst <= 1:
@@ -614,7 +623,12 @@ def _signals(L: _Loader, doc: YamlMap) -> SignalsConfig:
         if "timeout" in m
         else 2.0
     )
-    return SignalsConfig(stale, hb, tuple(targets), sources, float(hyst), timeout)
+    recover = (
+        duration_seconds(m["recover_after"], y.value_span(m, "recover_after"), "recover_after")
+        if "recover_after" in m
+        else 2.0
+    )
+    return SignalsConfig(stale, hb, tuple(targets), sources, float(hyst), recover, timeout)
 
 
 def _sandbox(L: _Loader, doc: YamlMap) -> SandboxConfig:

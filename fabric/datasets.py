@@ -248,9 +248,10 @@ class DatasetManager:
 
 
 def bindings_from_specs(
-    specs: Iterable[Any], dataset_names: Iterable[str]
+    specs: Iterable[Any], dataset_names: Iterable[str], *, recover_after: float = 0.0
 ) -> tuple[dict[str, list[str]], dict[tuple[str, str], Thresholds]]:
-    """binding -> source names, and the bindings' own bounds (``freshness: {max_lag, ...}``)."""
+    """binding -> source names, and the bindings' own bounds (``freshness: {max_lag, ...}``),
+    recovering with the same stabilization window as the source thresholds."""
     names = set(dataset_names)
     reads: dict[str, list[str]] = {}
     overrides: dict[tuple[str, str], Thresholds] = {}
@@ -261,7 +262,9 @@ def bindings_from_specs(
             f = s.freshness
             if f is not None and (f.max_lag_seconds is not None or f.max_lag_messages is not None):
                 overrides[(b.name, src)] = Thresholds(
-                    lag_messages=f.max_lag_messages, lag_seconds=f.max_lag_seconds
+                    lag_messages=f.max_lag_messages,
+                    lag_seconds=f.max_lag_seconds,
+                    recover_after=recover_after,
                 )
     return reads, overrides
 
@@ -301,14 +304,20 @@ class FabricService:
         """From a ``fabric.config.FabricConfig``."""
         sig = cfg.signals
         ratio = getattr(sig, "hysteresis", 0.5)
+        recover = getattr(sig, "recover_after_seconds", 0.0)
         default = Thresholds(
-            sig.stale_when.lag_messages, sig.stale_when.lag_seconds, recover_ratio=ratio
+            sig.stale_when.lag_messages,
+            sig.stale_when.lag_seconds,
+            recover_ratio=ratio,
+            recover_after=recover,
         )
         tracker = FreshnessTracker(default)
         decls = [DatasetDecl.from_config(d) for d in cfg.datasets.values()]
         per_source: dict[str, Thresholds] = {}
         for uri, sw in getattr(sig, "sources", {}).items():
-            t = Thresholds(sw.lag_messages, sw.lag_seconds, recover_ratio=ratio)
+            t = Thresholds(
+                sw.lag_messages, sw.lag_seconds, recover_ratio=ratio, recover_after=recover
+            )
             per_source[uri] = t
             for d in decls:  # a dataset can be named by its URI or by the topic it is fed from
                 if uri in (f"dataset://{d.name}", d.from_uri, d.name):
@@ -338,7 +347,9 @@ class FabricService:
             from dsl.loader import load_file
 
             specs = [b for f in cfg.binding_files() for b in load_file(f)]
-            reads, overrides = bindings_from_specs(specs, [d.name for d in decls])
+            reads, overrides = bindings_from_specs(
+                specs, [d.name for d in decls], recover_after=recover
+            )
             for srcs in reads.values():
                 for s in srcs:
                     kafka_fed = s in manager.decls and manager.decls[s].kafka_feed() is not None

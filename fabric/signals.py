@@ -53,13 +53,17 @@ class Thresholds:
     """When a source is stale: ``lag_messages > lag_messages`` or ``lag_seconds > lag_seconds``.
 
     ``None`` disables that criterion. Fresh again only at or below ``recover_ratio`` (half)
-    of every enabled threshold, and after ``min_dwell`` seconds in the stale state.
+    of every enabled threshold, after ``min_dwell`` seconds in the stale state, and once
+    the lag has stayed that low for ``recover_after`` seconds without interruption (a
+    stabilization window, as in Kubernetes' HPA: a sawtooth lag whose peaks cross the
+    stale threshold more often than that stays stale instead of flapping).
     """
 
     lag_messages: int | None = 1000
     lag_seconds: float | None = 30.0
     recover_ratio: float = 0.5
     min_dwell: float = 0.0
+    recover_after: float = 0.0
 
     def __post_init__(self) -> None:
         if self.lag_messages is not None and self.lag_messages < 0:
@@ -106,6 +110,7 @@ class StateMachine:
         self.state = state
         self.since = time.time() if now is None else now
         self.reason = "started"
+        self.recovered_since: float | None = None
 
     def update(
         self,
@@ -123,9 +128,15 @@ class StateMachine:
                 return None
             return self._go(STALE, now, reason)
         if error or not t.recovered(lag_messages, lag_seconds):
+            self.recovered_since = None
             return None
+        if self.recovered_since is None:
+            self.recovered_since = now
         if t.min_dwell and now - self.since < t.min_dwell:
             return None
+        if t.recover_after and now - self.recovered_since < t.recover_after:
+            return None
+        self.recovered_since = None
         return self._go(FRESH, now, "lag below half of every threshold")
 
     def _go(self, state: str, now: float, reason: str) -> Transition:

@@ -701,11 +701,12 @@ class _Builder:
                 other.span or e.span,
                 f"give {size} values",
             )
-        depth = 1
-        if e.name == "poly":
-            degree = max(len(other.value) - 1, 1) if isinstance(other, A.Literal) else 1
-            depth = max(1, (degree - 1).bit_length() + 1)
-        return e, depth
+        from crypto.ops import depth_of
+
+        degree = None
+        if e.name == "poly" and isinstance(other, A.Literal):
+            degree = max(len(other.value) - 1, 1)
+        return e, depth_of(e.name, degree)
 
     def user_function(self, plan: N.Plan) -> N.Plan:
         pd = self.spec.pushdown
