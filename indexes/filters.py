@@ -66,8 +66,13 @@ class Pred:
 
 
 class RangePred(Pred):
-    def __init__(self, ds: Any, column: str, ranges: list[Range], text: str):
-        self.ds, self.column, self.ranges, self.text = ds, column, ranges, text
+    def __init__(self, ds: Any, column: str, ranges: list[Range], text: Any):
+        self.ds, self.column, self.ranges, self.text = (
+            ds,
+            column,
+            ranges,
+            text,
+        )  # text: str(expr) lazily
         self.bt = ds.btrees[column]
         self._est: Estimate | None = None
 
@@ -90,7 +95,7 @@ class RangePred(Pred):
 
 
 class MatchPred(Pred):
-    def __init__(self, ds: Any, column: str, tokens: list[str], text: str):
+    def __init__(self, ds: Any, column: str, tokens: list[str], text: Any):
         self.inv, self.tokens, self.text = ds.inverted[column], tokens, text
         self._est: Estimate | None = None
 
@@ -232,7 +237,7 @@ def _const(e: Expr, params: Mapping[str, Any], now: dt.datetime) -> Any:
 
 def _leaf(ds: Any, e: Expr, params: Mapping[str, Any], now: dt.datetime) -> Pred | None:
     """An index predicate for ``e``, or None when no index answers it."""
-    text = str(e)
+    text = e  # rendered only when described (explain), not on every query
     if isinstance(e, Binary) and e.op in _FLIP:
         col, other, op = e.left, e.right, e.op
         if not isinstance(col, Column):
