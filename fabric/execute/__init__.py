@@ -518,10 +518,10 @@ class _Run:
 
     # ------------------------------------------------------------ DuckDB regions
     def _sql(self, node: Plan) -> pa.Table:
-        t0 = time.perf_counter()
         b = SqlBuilder(self.params, self.now)
         joins: list[tuple[Plan, Rel]] = []
-        rel = self._compile(b, node, joins).materialized(b.alias())
+        rel = self._compile(b, node, joins).materialized(b.alias())  # waits for the inputs
+        t0 = time.perf_counter()  # the DuckDB query alone
         try:
             table = b.run(rel.sql)
         except Exception as e:
