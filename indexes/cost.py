@@ -49,7 +49,7 @@ class CostModel:
     columns: dict[str, list[list[float]]] = field(default_factory=dict)  # column -> [[ef, ms], ...]
 
     # ---------------------------------------------------------------- unit costs
-    def hnsw_ms(self, ef: int, dim: int, column: str | None = None) -> float:
+    def hnsw_ms(self, ef: float, dim: int, column: str | None = None) -> float:
         pts = self.columns.get(column or "")
         if pts:  # piecewise-linear through the measured points, extrapolated linearly
             efs, ms = [p[0] for p in pts], [p[1] for p in pts]
@@ -254,7 +254,7 @@ def _measure_overheads(cm: CostModel, ds: Any, rng: np.random.Generator) -> None
         if any(b.kind != "str" for b in ds.btrees.values())
         else (None, None)
     )
-    if bt is None:
+    if bt is None or bcol is None:
         return
     bt.merge()
     v = bt._to_py(bt.keys[len(bt.keys) // 50])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +30,7 @@ def check_type(column: str, t: pa.DataType) -> None:
         )
 
 
-def doc_tokens(value: object) -> set[str]:
+def doc_tokens(value: Any) -> set[str]:
     if value is None:
         return set()
     if isinstance(value, str):

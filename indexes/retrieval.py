@@ -273,7 +273,7 @@ def search(
     n = len(ds.live)
     ftext = None if where is None else _fkey(where)
     info = RetrievalExplain(column=column, k=k, rows=n, filter=ftext)
-    if where is not None:
+    if where is not None and ftext is not None:
         names = where.params()
         info.feedback_key = ftext + (
             "|" + repr(sorted((p, repr(params.get(p))) for p in names)) if names else ""

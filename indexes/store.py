@@ -70,14 +70,14 @@ def save(ds: Any, directory: str) -> None:
         np.savez(os.path.join(tmp, f"btree.{c}.npz"), **st)
     for c, inv in ds.inverted.items():
         toks, blob, sizes = inv.state()
-        with open(os.path.join(tmp, f"inverted.{c}.json"), "w") as f:
-            json.dump({"terms": toks, "sizes": sizes}, f)
-        with open(os.path.join(tmp, f"inverted.{c}.bin"), "wb") as f:
-            f.write(blob)
+        with open(os.path.join(tmp, f"inverted.{c}.json"), "w") as jf:
+            json.dump({"terms": toks, "sizes": sizes}, jf)
+        with open(os.path.join(tmp, f"inverted.{c}.bin"), "wb") as bf:
+            bf.write(blob)
     if ds.cost_model is not None:
         ds.cost_model.save(os.path.join(tmp, "costs.json"))
-    with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    with open(os.path.join(tmp, "meta.json"), "w") as mf:
+        json.dump(meta, mf, indent=1)
     if os.path.exists(directory):
         old = directory + ".old"
         shutil.rmtree(old, ignore_errors=True)
