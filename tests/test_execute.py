@@ -622,3 +622,22 @@ def test_encrypted_score_hook_gets_node_table_and_params(tables) -> None:
     assert res.table.column("score").to_pylist() == [
         b"ct-%d" % d for d in top3.column("discount").to_pylist()
     ]
+
+
+def test_generated_sql_binds_every_value() -> None:
+    """The DuckDB text holds only quoted identifiers and $n placeholders, never a value."""
+    from dsl.ast import InList, Like
+    from fabric.execute.sql import Rel, SqlBuilder
+
+    evil = "x'); DROP TABLE t; --"
+    b = SqlBuilder({"name": evil, "ids": [1, 2]}, NOW)
+    rel = Rel("", ['m.na"me', "m.id"])
+    pred = Binary(
+        "and",
+        Binary("and", eq(Column('na"me', "m"), Param("name")), InList(C("m.id"), Param("ids"))),
+        Binary("or", Like(Column('na"me', "m"), lit("%a%")), Binary(">", C("m.id"), Call("now"))),
+    )
+    sql = b.expr(pred, rel)
+    assert evil not in sql and "%a%" not in sql and "DROP" not in sql
+    assert '"m.na""me"' in sql and "$1" in sql and "(SELECT unnest($2))" in sql
+    assert b.values == [evil, [1, 2], "%a%", NOW]
