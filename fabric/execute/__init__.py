@@ -29,6 +29,7 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -280,7 +281,7 @@ class _Run:
                 d.from_expr,
                 keys_table,
                 self.params,
-                resolve=lambda c, t=keys_table: resolve(c, t.column_names, {}),
+                resolve=partial(_resolve_in, keys_table.column_names),
                 now=self.now,
             )
             keys = pc.unique(
@@ -597,7 +598,7 @@ class _Run:
                 child.exprmap,
             )
         if isinstance(node, Aggregate):
-            items = [
+            cols = [
                 f"{self._expr_sql(b, e, child)} AS {_q(n)}"
                 for n, e, _ in (*node.group_by, *node.aggregates)
             ]
@@ -608,7 +609,7 @@ class _Run:
             )
             names = [n for n, _, _ in (*node.group_by, *node.aggregates)]
             return Rel(
-                f"SELECT {', '.join(items)} FROM ({child.sql}) AS {q}{group}", names, _exprmap(node)
+                f"SELECT {', '.join(cols)} FROM ({child.sql}) AS {q}{group}", names, _exprmap(node)
             )
         if isinstance(node, Derive):
             items = ", ".join(f"{self._expr_sql(b, e, child)} AS {_q(n)}" for n, e, _ in node.items)
@@ -792,6 +793,10 @@ def _bind_now(e: Expr) -> Expr:
             Param(NOW_PARAM) if isinstance(n, Call) and n.name == "now" and not n.args else None
         ),
     )
+
+
+def _resolve_in(names: list[str], col: Column) -> str:
+    return resolve(col, names, {})
 
 
 def _needs_sql(node: Plan) -> bool:

@@ -131,7 +131,12 @@ class Rel:
     def materialized(self, alias: str) -> Rel:
         if self.order is None:
             return self
-        return Rel(f"SELECT * FROM ({self.sql}) AS {alias} ORDER BY {self.order}", self.names, self.exprmap, ordered=True)
+        return Rel(
+            f"SELECT * FROM ({self.sql}) AS {alias} ORDER BY {self.order}",
+            self.names,
+            self.exprmap,
+            ordered=True,
+        )
 
 
 class SqlBuilder:

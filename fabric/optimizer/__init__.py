@@ -59,9 +59,9 @@ class _PlanningView:
 
     def __init__(self, catalog: Any):
         self._catalog = catalog
-        self._sources: dict[str, Source] = {}
+        self._sources: dict[str, Any] = {}
 
-    def source(self, uri: str) -> Source:
+    def source(self, uri: str) -> Any:
         if uri not in self._sources:
             self._sources[uri] = _CachedStats(self._catalog.source(uri))
         return self._sources[uri]

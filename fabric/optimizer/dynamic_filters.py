@@ -47,8 +47,8 @@ def dynamic_filters(plan: Plan, catalog: Any) -> Plan:
 
 def _first_candidate(root: Plan, node: Plan, est: Estimator, catalog: Any) -> Plan | None:
     """Add one dynamic filter (innermost joins first) and return the new plan, or None."""
-    for c in node.children():
-        out = _first_candidate(root, c, est, catalog)
+    for child in node.children():
+        out = _first_candidate(root, child, est, catalog)
         if out is not None:
             return out
     if not isinstance(node, Join):

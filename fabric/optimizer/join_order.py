@@ -101,7 +101,7 @@ def _greedy(inputs: list[Plan], conds: list[Expr], est: Estimator) -> Plan:
         remaining.remove(i)
     leftover = [c for k, c in enumerate(conds) if k not in used]
     if leftover and isinstance(tree, Join):
-        tree = dataclasses.replace(tree, on=and_all([*conjuncts(tree.on), *leftover]))
+        tree = dataclasses.replace(tree, on=and_all([*conjuncts(tree.on), *leftover]) or tree.on)
     return tree
 
 

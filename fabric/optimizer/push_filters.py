@@ -60,7 +60,7 @@ def _visit(node: Plan, catalog: Any) -> Plan:
                 left = _push_or_wrap(left, c, catalog)
             else:
                 keep.append(c)
-        on = and_all(keep) if keep else Literal(True, "bool")
+        on = _all(keep) if keep else Literal(True, "bool")
         return dataclasses.replace(node, left=left, right=right, on=on)
     children = node.children()
     if not children:
@@ -98,7 +98,7 @@ def _push(node: Plan, c: Expr, catalog: Any) -> Plan | None:
             return dataclasses.replace(node, right=_push_or_wrap(node.right, c, catalog))
         if c in conjuncts(node.on):
             return node
-        return dataclasses.replace(node, on=and_all([*conjuncts(node.on), c]))
+        return dataclasses.replace(node, on=_all([*conjuncts(node.on), c]))
     return None  # Project, Aggregate, Limit, VectorSearch, UserFunction, EncryptedScore
 
 
@@ -126,7 +126,13 @@ def _wrap(node: Plan, items: list[Expr]) -> Plan:
     if isinstance(node, Filter):
         existing = conjuncts(node.predicate)
         new = [c for c in items if c not in existing]
-        return node if not new else Filter(node.input, and_all([*existing, *new]))
+        return node if not new else Filter(node.input, _all([*existing, *new]))
     predicate = and_all(list(dict.fromkeys(items)))
     assert predicate is not None
     return Filter(node, predicate)
+
+
+def _all(items: list[Expr]) -> Expr:
+    e = and_all(items)
+    assert e is not None, "a conjunction of nothing"
+    return e
