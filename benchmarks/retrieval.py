@@ -345,6 +345,56 @@ def lancedb_run(
     return out
 
 
+def api_run(
+    src: DatasetSource, pts: list[Point], qs: np.ndarray, gts: list[list[np.ndarray]]
+) -> list[tuple]:
+    """The optimizer through the public API (``fabric.open`` + ``fab.query`` of a binding
+    file per point) next to ``DatasetSource.search``, interleaved per query."""
+    import tempfile
+
+    import fabric
+
+    d = tempfile.mkdtemp(prefix="retrieval-bindings-")
+    names = []
+    for i, p in enumerate(pts):
+        name = f"p{i}"
+        where = f'\n    where: "{p.where}"' if p.where is not None else ""
+        with open(os.path.join(d, f"{name}.yaml"), "w") as f:
+            f.write(
+                f"binding: {name}\nsession:\n  q: vector[{DIM}]\nsources:\n  n:\n"
+                f'    from: dataset://bench\n    nearest: {{column: emb, to: "{{{{session.q}}}}", k: {K}}}'
+                f"{where}\nselect: [n.id]\n"
+            )
+        names.append(name)
+    out = []
+    with fabric.open(
+        {"bindings": [d]}, ingest=False, watch=False, dataset_sources={"bench": src}
+    ) as fab:
+        order = np.random.default_rng(3)
+        for p, name, gt in zip(pts, names, gts):
+            filters = () if p.where is None else (p.where,)
+            lat: dict[str, list[float]] = {"source": [], "api": []}
+            rec = []
+            fab.query(name, session={"q": qs[0]})  # compile once (plans are cached)
+            for q, exp in zip(qs, gt):
+                for s in map(str, order.permutation(["source", "api"])):
+                    t = time.perf_counter()
+                    if s == "api":
+                        ids = fab.query(name, session={"q": q}).table.column(0).to_numpy()
+                        lat[s].append(time.perf_counter() - t)
+                        rec.append(recall(ids, exp))
+                    else:
+                        src.search("emb", q, K, filters, {}, ["id"])
+                        lat[s].append(time.perf_counter() - t)
+            a_ms, s_ms = np.median(lat["api"]) * 1e3, np.median(lat["source"]) * 1e3
+            out.append((p.name, s_ms, a_ms, float(np.mean(rec))))
+            print(
+                f"{p.name:<16} source {s_ms:7.3f} ms | api {a_ms:7.3f} ms | recall {np.mean(rec):.3f}",
+                flush=True,
+            )
+    return out
+
+
 def _lancedb_version() -> str:
     import lancedb
 
@@ -359,6 +409,9 @@ def main() -> None:
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fabric/bench"))
     ap.add_argument("--only", default=None, help="substring: run only matching points")
     ap.add_argument("--no-faiss", action="store_true")
+    ap.add_argument(
+        "--api", action="store_true", help="also time the optimizer through fabric.open/fab.query"
+    )
     ap.add_argument(
         "--lancedb",
         type=int,
@@ -438,6 +491,18 @@ def main() -> None:
     print(
         f"memory: {total / ds.count():.0f} bytes per vector with all indexes (float32 vector alone: {DIM * 4})"
     )
+    if args.api:
+        print()
+        ar = api_run(src, pts, qs, gts)
+        print()
+        print(
+            "## The optimizer through the public API (fab.query of a binding) vs DatasetSource.search, p50 ms"
+        )
+        print()
+        print("| point | DatasetSource.search | fab.query | API overhead | recall@10 |")
+        print("|---|---|---|---|---|")
+        for name, s_ms, a_ms, r in ar:
+            print(f"| {name} | {s_ms:.3f} | {a_ms:.3f} | {a_ms - s_ms:+.3f} | {r:.3f} |")
     if not args.no_faiss:
         fr = faiss_run(x, qs, pts, gts, args.ef)
         print()
