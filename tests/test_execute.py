@@ -641,3 +641,21 @@ def test_generated_sql_binds_every_value() -> None:
     assert evil not in sql and "%a%" not in sql and "DROP" not in sql
     assert '"m.na""me"' in sql and "$1" in sql and "(SELECT unnest($2))" in sql
     assert b.values == [evil, [1, 2], "%a%", NOW]
+
+
+def test_concurrent_queries_share_nothing_mutable(tables, ref) -> None:
+    """Many sessions at once on one compiled plan (the agents' normal case)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cat = world.catalog(tables)
+    plan = optimize(world.nearby_offers(cat), cat)
+    expected = {u: ref_nearby(ref, u)[0] for u in USERS}
+
+    def one(u: int) -> bool:
+        return (
+            execute(plan, {"user_id": u}, cat, binding="b", now=NOW).table.to_pylist()
+            == expected[u]
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(one, [u for u in USERS for _ in range(3)]))
