@@ -1,6 +1,6 @@
 """Optimizer rules: fixture files (binding YAML in -> optimized explain text out) and properties.
 
-Each ``tests/fixtures/optimizer/<rule>/<case>.yaml`` holds ``# rules: a, b`` (the rules
+Each ``tests/fixtures/optimizer/<rule>/<case>.yaml`` (or ``.txt``: the compact text form) holds ``# rules: a, b`` (the rules
 applied, to a fixed point), a binding over the in-memory tables of
 ``fixtures/optimizer/world.py``, a ``---- optimized`` line and the expected explain
 text. The binding goes through the real loader and plan builder.
@@ -19,12 +19,13 @@ import fabric.optimizer as opt
 from connectors.base import Pushdown
 from dsl.ast import Binary, Column, Literal
 from dsl.loader import load_text
+from dsl.parser import parse_binding_text
 from fabric.optimizer import RULES, OptimizerError, optimize
 from fabric.plan.builder import build
 from fabric.plan.nodes import Filter, Project, Scan
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "optimizer"
-CASES = sorted(FIXTURES.glob("*/*.yaml"))
+CASES = sorted([*FIXTURES.glob("*/*.yaml"), *FIXTURES.glob("*/*.txt")])
 RULE_BY_NAME = {r.__name__: r for r in RULES}
 SEPARATOR = "---- optimized\n"
 
@@ -41,7 +42,12 @@ def _read(path: pathlib.Path) -> tuple[list[str], str, str]:
 def test_fixture(path: pathlib.Path) -> None:
     rules, binding, expected = _read(path)
     cat = world.catalog()
-    plan = build(load_text(binding, str(path))[0], cat)
+    spec = (
+        parse_binding_text(binding.strip(), str(path))
+        if path.suffix == ".txt"
+        else load_text(binding, str(path))[0]
+    )
+    plan = build(spec, cat)
     out = optimize(plan, cat, rules=[RULE_BY_NAME[r] for r in rules])
     assert out.explain().strip() == expected, f"{path.name}:\n{out.explain()}"
 
