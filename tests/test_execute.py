@@ -659,3 +659,19 @@ def test_concurrent_queries_share_nothing_mutable(tables, ref) -> None:
 
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(one, [u for u in USERS for _ in range(3)]))
+
+
+def test_integer_sums_keep_the_declared_type(tables, ref) -> None:
+    cat = world.catalog(tables)
+    o, k = world.scan(cat, "o", "orders"), world.scan(cat, "k", "categories")
+    agg = Aggregate(
+        Join(o, k, eq(C("k.sku"), C("o.sku"))),
+        (("k.category", C("k.category"), pa.string()),),
+        (("skus", Call("sum", (C("o.sku"),)), pa.int64()),),
+    )
+    res = execute(optimize(Sort(agg, (SortKey(C("k.category")),)), cat), {}, cat, binding="b")
+    assert res.table.schema.field("skus").type == pa.int64()
+    expected = ref.execute(
+        "SELECT k.category, sum(o.sku) FROM orders o JOIN categories k ON k.sku = o.sku GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [tuple(r.values()) for r in res.table.to_pylist()] == [(c, int(s)) for c, s in expected]

@@ -599,8 +599,8 @@ class _Run:
             )
         if isinstance(node, Aggregate):
             cols = [
-                f"{self._expr_sql(b, e, child)} AS {_q(n)}"
-                for n, e, _ in (*node.group_by, *node.aggregates)
+                f"{_typed(self._expr_sql(b, e, child), t)} AS {_q(n)}"
+                for n, e, t in (*node.group_by, *node.aggregates)
             ]
             group = (
                 f" GROUP BY {', '.join(str(i + 1) for i in range(len(node.group_by)))}"
@@ -797,6 +797,15 @@ def _bind_now(e: Expr) -> Expr:
 
 def _resolve_in(names: list[str], col: Column) -> str:
     return resolve(col, names, {})
+
+
+_DUCK_TYPES = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.int32(): "INTEGER"}
+
+
+def _typed(sql: str, typ: pa.DataType) -> str:
+    """Cast to the plan's declared type (DuckDB's sum of BIGINT is a 128-bit decimal)."""
+    name = _DUCK_TYPES.get(typ)
+    return f"CAST({sql} AS {name})" if name else sql
 
 
 def _needs_sql(node: Plan) -> bool:
