@@ -25,13 +25,9 @@ LOGICAL = ("and", "or")
 AGGREGATES = ("count", "sum", "avg", "min", "max", "count_distinct")
 
 
-def _span() -> Any:
-    return field(default=None, kw_only=True, compare=False, repr=False)
-
-
 @dataclass(frozen=True)
 class Expr:
-    span: Span | None = _span()
+    span: Span | None = field(default=None, kw_only=True, compare=False, repr=False)
 
     def children(self) -> tuple[Expr, ...]:
         out: list[Expr] = []

@@ -151,6 +151,8 @@ def test_webhook_is_retried_with_backoff_until_accepted(webhook):
     try:
         em.emit(make_event(DATA_STALE, "news", ["b"], 2000, 3.0))
         assert wait_for(lambda: webhook.bodies)
+        # the server has the body before the sender thread has read the 200: wait for both
+        assert wait_for(lambda: em.stats()[webhook.url]["sent"] == 1)
         stats = em.stats()[webhook.url]
     finally:
         em.close()
