@@ -452,6 +452,8 @@ def test_explain_analyze_shows_pushdown_and_actual_rows(tables) -> None:
     join_line = next(ln for ln in text.splitlines() if "Join: inner on c.merchant_id = m.id" in ln)
     assert "rows=" in join_line and "est=" in join_line
     assert text.splitlines()[0].startswith(f"Result: {res.table.num_rows} rows")
+    duck = next(ln for ln in text.splitlines() if ln.startswith("DuckDB: "))
+    assert "JOIN" in duck and "ORDER BY" in duck and "LIMIT 10" in duck
     assert execute(plan, {"user_id": 4}, cat, binding="b", now=NOW).explain is None
 
 
@@ -675,3 +677,14 @@ def test_integer_sums_keep_the_declared_type(tables, ref) -> None:
         "SELECT k.category, sum(o.sku) FROM orders o JOIN categories k ON k.sku = o.sku GROUP BY 1 ORDER BY 1"
     ).fetchall()
     assert [tuple(r.values()) for r in res.table.to_pylist()] == [(c, int(s)) for c, s in expected]
+
+
+def test_unknown_source_at_run_time_names_it(tables) -> None:
+    cat = world.catalog(tables)
+    plan = optimize(world.single_source(cat), cat)
+    del cat.connections["t"].tables["merchants"]
+    cat._sources.clear()
+    with pytest.raises(
+        QueryError, match=r"binding 'b', source m \(memory://t/merchants\).*does not exist"
+    ):
+        execute(plan, {}, cat, binding="b")

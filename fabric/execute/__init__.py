@@ -109,6 +109,7 @@ class _Run:
         self.sources: dict[str, dict[str, Any]] = {}
         self.freshness: dict[str, dict[str, Any]] = {}
         self.infos: dict[str, str] = {}
+        self.queries: list[str] = []  # DuckDB statements run (placeholders only, no values)
         self.futures: dict[str, cf.Future[pa.Table]] = {}
         self.waited = 0.0
         self._dep_wait: dict[str, float] = {}  # seconds a unit waited for dynamic-filter keys
@@ -230,7 +231,7 @@ class _Run:
         leaf = node
         try:
             source = self.catalog.source(leaf.uri)
-        except SourceError as e:
+        except Exception as e:  # down, unknown connection, dropped table...
             return self._fail(alias, leaf.uri, e)
         if leaf.freshness is not None:  # a bound to enforce: check before reading
             self._check_freshness(alias, leaf, source)
@@ -522,6 +523,8 @@ class _Run:
         b = SqlBuilder(self.params, self.now)
         joins: list[tuple[Plan, Rel]] = []
         rel = self._compile(b, node, joins).materialized(b.alias())  # waits for the inputs
+        if self.analyze:
+            self.queries.append(rel.sql)
         t0 = time.perf_counter()  # the DuckDB query alone
         try:
             table = b.run(rel.sql)
@@ -732,6 +735,8 @@ class _Run:
 
         lines = [f"Result: {table.num_rows} rows in {total_ms:.2f} ms (binding {self.binding})"]
         lines.append(self.plan.explain(annotate=annotate))
+        for q in self.queries:
+            lines.append(f"DuckDB: {q}")
         for alias, info in self.infos.items():
             lines.append(f"VectorSearch {alias}:")
             lines.extend("  " + ln for ln in info.splitlines())
