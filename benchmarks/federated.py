@@ -259,8 +259,9 @@ def run(args: argparse.Namespace) -> None:
             for alias, n in counts.items():
                 nfetched[alias] = nfetched.get(alias, 0) + n
                 nneeded[alias] = nneeded.get(alias, 0) + need[alias]
-        rows.append((scenario, "naive", len(nlat), nlat, nfetched, nneeded, nmis))
-        log(f"{scenario} naive: p50 {pct(nlat, 0.5):.1f} ms, {len(nlat)} queries, {nmis} wrong")
+        if nlat:
+            rows.append((scenario, "naive", len(nlat), nlat, nfetched, nneeded, nmis))
+            log(f"{scenario} naive: p50 {pct(nlat, 0.5):.1f} ms, {len(nlat)} queries, {nmis} wrong")
 
     print()
     print(
@@ -285,7 +286,7 @@ def run(args: argparse.Namespace) -> None:
             print(f"{lead} {alias:<6} {f:>11,.1f} {nd:>9,.1f} {ratio:>9} {tail}")
     print()
     for (scenario, way), v in p50.items():
-        if way != "naive":
+        if way != "naive" and (scenario, "naive") in p50:
             speed = p50[(scenario, "naive")] / v
             print(f"{scenario}: {way} p50 is {speed:,.1f}x faster than fetching every source whole")
     print(
