@@ -317,3 +317,28 @@ def test_dataset_source_contract(ds_x):
         src.search("emb", np.zeros(DIM + 1), 5)
     with pytest.raises(LookupError, match="existing: news"):
         conn.source("nope")
+
+
+def test_edge_cases_empty_dataset_k_above_rows_no_matches_all_deleted():
+    t, x = data(300)
+    ds = Dataset.create(
+        "e",
+        SCHEMA,
+        "id",
+        {"emb": IndexSpec("hnsw", metric="l2"), "rnd": "btree", "body": "inverted"},
+        fold_rows=100,
+    )
+    for s in (None, *STRATEGIES):
+        assert ds.search("emb", x[0], 5, strategy=s)[0].num_rows == 0
+    ds.upsert(t)
+    for s in (None, *STRATEGIES):
+        assert ds.search("emb", x[0], 500, strategy=s)[0].num_rows == 300
+        assert ds.search("emb", x[0], 5, lt("rnd", -1), strategy=s)[0].num_rows == 0
+        assert ds.search("emb", x[0], 5, match("zzz"), strategy=s)[0].num_rows == 0
+    ds.delete(list(range(300)))
+    for s in (None, *STRATEGIES):
+        assert ds.search("emb", x[0], 5, strategy=s)[0].num_rows == 0
+        assert ds.search("emb", x[0], 5, lt("rnd", 2), strategy=s)[0].num_rows == 0
+    ds.upsert(t.slice(0, 10))  # keys come back after deletion
+    res, _ = ds.search("emb", x[3], 1)
+    assert res.column("id").to_pylist() == [3] and ds.count() == 10
