@@ -20,9 +20,13 @@ pyarrow can evaluate are applied here on every batch (EXACT), before ``latest_by
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -47,6 +51,308 @@ from dsl.ast import and_all
 __all__ = ["KafkaConnection", "KafkaSource", "decode_json_messages"]
 
 _META = ("__partition", "__offset", "__ts")
+
+
+# ------------------------------------------------------------------------------ tail cache
+
+_ZERO_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero topic id of brokers without topic ids
+_BAD_BYTES = 100  # what one remembered bad message is charged against cache_max_bytes
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """What one scan sees of a tail: immutable Arrow data plus the offsets it stops at."""
+
+    table: pa.Table  # schema + __partition, __offset, __ts; may hold offsets >= end
+    end: Mapping[int, int]  # per partition: the scan returns offsets below this
+    masked: bool  # some partition holds rows at or beyond ``end`` (a concurrent catch-up)
+    bad: tuple[tuple[int, int, float, str], ...]  # (partition, offset, ts, reason)
+    newest: float | None
+    caught_up: int  # messages read from the broker by this scan's catch-up
+    resets: int
+
+
+class _Recreated(Exception):
+    """The log is shorter than the cache (``end: eof`` catch-up): reset and read again."""
+
+
+class _Overflow(Exception):
+    """The topic does not fit in the cache bounds; the scan streams instead."""
+
+
+class _Tail:
+    """The decoded contents of one topic, kept in memory and caught up on demand.
+
+    One long-lived consumer, ``assign()``-ed to every partition (no group, no commits),
+    keeps prefetching in librdkafka's background thread. A snapshot first reads the
+    topic's partitions, topic id and watermarks (one metadata and one ListOffsets round
+    trip), resets or trims what the broker no longer has, then consumes from the cached
+    positions to the high watermarks captured at that moment (``end: eof``: seeks back
+    to the cached positions and reads until the broker reports each partition's end),
+    decodes only the new messages and appends them. Catch-ups are serialized by a lock;
+    scans filter the immutable snapshot outside it, concurrently.
+    """
+
+    def __init__(self, conn: KafkaConnection, topic: str, schema: pa.Schema):
+        # a proxy: no reference cycle, so a forgotten connection is freed (and its tails
+        # closed by the connection's finalizer) at once rather than by the cyclic GC,
+        # which may free a librdkafka handle at an arbitrary point
+        self.conn: KafkaConnection = weakref.proxy(conn)
+        self.topic = topic
+        self.schema = schema
+        self.full = (
+            schema.append(pa.field("__partition", pa.int32()))
+            .append(pa.field("__offset", pa.int64()))
+            .append(pa.field("__ts", pa.float64()))
+        )
+        self.lock = threading.Lock()
+        self.consumer: Any = None
+        self.closed = False
+        self.topic_id: str | None = None
+        self.max_messages = conn.cache_max_messages
+        self.last_reset = ""
+        self._clear()
+        self.resets = 0
+
+    def _clear(self) -> None:
+        self.pos: dict[int, int] = {}  # next offset to read per partition
+        self.first: dict[int, int] = {}  # lowest offset the cache may hold per partition
+        self.chunks: list[pa.Table] = []
+        self.table: pa.Table | None = None  # concatenation of chunks, rebuilt lazily
+        self.rows = 0
+        self.nbytes = 0
+        self.bad: list[tuple[int, int, float, str]] = []
+        self.newest: float | None = None
+
+    def reset(self, why: str) -> None:
+        """Forget everything (topic recreated, offsets went backwards)."""
+        self._clear()
+        self.topic_id = None
+        self.resets += 1
+        self.last_reset = why
+        if self.consumer is not None:
+            with contextlib.suppress(Exception):
+                self.consumer.unassign()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self._clear()
+            if self.consumer is not None:
+                with contextlib.suppress(Exception):
+                    self.consumer.close()
+                self.consumer = None
+
+    # -------------------------------------------------------------- broker state
+
+    def _describe(self, timeout: float) -> tuple[list[int], str | None]:
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+        fut = self.conn.admin().describe_topics(
+            TopicCollection([self.topic]), request_timeout=timeout
+        )[self.topic]
+        try:
+            d = fut.result(timeout + 1)
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                self.reset("topic deleted")
+                raise SourceError(
+                    self.conn.uri(self.topic),
+                    "the topic no longer exists",
+                    hint="recreate the topic or remove the binding that reads it",
+                ) from exc
+            raise
+        tid = str(d.topic_id) if d.topic_id is not None else None
+        return sorted(p.id for p in d.partitions), (None if tid == _ZERO_ID else tid)
+
+    def _reconcile(self, timeout: float) -> dict[int, int]:
+        """Check the topic against the cache; returns the per-partition end offsets."""
+        from confluent_kafka import TopicPartition
+
+        parts, tid = self._describe(timeout)
+        if tid is not None and self.topic_id is not None and tid != self.topic_id:
+            self.reset("topic recreated (new topic id)")
+        if any(p not in parts for p in self.pos):
+            self.reset("partitions disappeared (topic recreated)")
+        self.topic_id = tid
+        marks = self.conn.list_offsets(self.topic, parts, timeout)
+        if not self.conn.read_to_eof and any(
+            hi < self.pos.get(p, 0) for p, (lo, hi) in marks.items()
+        ):
+            self.reset("offsets went backwards (topic recreated)")
+        trim = {p: lo for p, (lo, hi) in marks.items() if p in self.first and lo > self.first[p]}
+        if trim:  # retention / delete_records removed messages the cache still holds
+            self._trim(trim)
+        todo = sum(max(hi - max(lo, self.pos.get(p, lo)), 0) for p, (lo, hi) in marks.items())
+        if self.rows + len(self.bad) + max(todo, 0) > self.max_messages:
+            raise _Overflow(
+                f"{self.rows + len(self.bad) + todo} messages > cache_max_messages {self.max_messages}"
+            )
+        new = [p for p in parts if p not in self.pos]
+        for p in new:
+            self.pos[p] = self.first[p] = marks[p][0]
+        if new and not self.conn.read_to_eof:
+            if self.consumer is None:
+                self.consumer = self.conn.consumer(tail=True)
+            self.consumer.incremental_assign(
+                [TopicPartition(self.topic, p, self.pos[p]) for p in new]
+            )
+        return {p: hi for p, (lo, hi) in marks.items()}
+
+    def _trim(self, low: Mapping[int, int]) -> None:
+        table = self.concat()
+        keep = None
+        for p, lo in low.items():
+            m = pc.or_(
+                pc.not_equal(table["__partition"], p), pc.greater_equal(table["__offset"], lo)
+            )
+            keep = m if keep is None else pc.and_(keep, m)
+            self.first[p] = lo
+            if self.pos[p] < lo:
+                self.pos[p] = lo  # the consumer resets itself (auto.offset.reset=earliest)
+        table = table.filter(keep)
+        self.bad = [b for b in self.bad if b[1] >= low.get(b[0], -1)]
+        self.chunks, self.table = [table], table
+        self.rows, self.nbytes = table.num_rows, table.nbytes + _BAD_BYTES * len(self.bad)
+        self.newest = pc.max(table["__ts"]).as_py() if table.num_rows else None
+
+    # -------------------------------------------------------------- catch-up
+
+    def _catch_up(self, end: dict[int, int], timeout: float) -> int:
+        """Consume up to ``end`` (or each partition's end of log with ``end: eof``)."""
+        from confluent_kafka import TopicPartition
+
+        eof_mode = self.conn.read_to_eof
+        if eof_mode:
+            # a consumer per catch-up, closed at its end: librdkafka 2.16 crashes when a
+            # topic a live consumer was ever assigned is deleted on Tansu (the broker
+            # end: eof is for), so nothing stays attached to the topic between scans
+            c = self.conn.consumer(tail=True)
+            try:
+                c.assign([TopicPartition(self.topic, p, o) for p, o in self.pos.items()])
+                return self._consume(c, set(self.pos), end, timeout)
+            finally:
+                c.close()
+        need = {p for p in self.pos if self.pos[p] < end[p]}
+        return self._consume(self.consumer, need, end, timeout) if need else 0
+
+    def _consume(self, c: Any, need: set[int], end: dict[int, int], timeout: float) -> int:
+        from confluent_kafka import KafkaError
+
+        eof_mode = self.conn.read_to_eof
+        read = 0
+        deadline = time.monotonic() + max(timeout, 1.0)
+        while need:
+            msgs = c.consume(num_messages=10_000, timeout=0)  # what is already fetched
+            if not msgs:
+                m = c.poll(0.05)  # returns as soon as one message or event arrives
+                msgs = [m] if m is not None else []
+            if not msgs:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"no messages for {timeout:.0f} s from partitions {sorted(need)} "
+                        f"(cached up to offsets {[self.pos[p] for p in sorted(need)]})"
+                    )
+                continue
+            deadline = time.monotonic() + max(timeout, 1.0)
+            values, meta = [], []
+            for m in msgs:
+                p = m.partition()
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if p in self.pos:
+                            if eof_mode and m.offset() < self.pos[p]:
+                                raise _Recreated(
+                                    f"partition {p} ends at {m.offset()} < {self.pos[p]}"
+                                )
+                            if m.offset() > self.pos[p]:  # a gap at the end (markers, compaction)
+                                self.pos[p] = m.offset()
+                            if eof_mode:
+                                need.discard(p)
+                        continue
+                    if err.fatal():
+                        raise RuntimeError(str(err))
+                    continue  # transient or stale (e.g. before a reset): the deadline bounds us
+                off = m.offset()
+                if p not in self.pos or off < self.pos[p]:
+                    continue  # re-delivered after a seek (Tansu returns whole batches)
+                self.pos[p] = off + 1
+                values.append(m.value())
+                meta.append((p, off, m.timestamp()[1] / 1000))
+            if values:
+                read += len(values)
+                self._append(values, meta)
+            if not eof_mode:
+                need = {p for p in need if self.pos[p] < end[p]}
+        if eof_mode:
+            end.update(self.pos)
+        return read
+
+    def _append(self, values: list[Any], meta: list[tuple[int, int, float]]) -> None:
+        batch, errs = decode_json_messages(values, self.schema)
+        if errs:
+            bad = {i for i, _ in errs}
+            self.bad.extend((*meta[i][:3], why) for i, why in errs)
+            meta = [x for i, x in enumerate(meta) if i not in bad]
+        table = pa.Table.from_batches([batch], schema=self.schema)
+        table = table.append_column("__partition", pa.array([x[0] for x in meta], pa.int32()))
+        table = table.append_column("__offset", pa.array([x[1] for x in meta], pa.int64()))
+        table = table.append_column("__ts", pa.array([x[2] for x in meta], pa.float64()))
+        if table.num_rows:
+            mx = pc.max(table["__ts"]).as_py()
+            self.newest = mx if self.newest is None else max(self.newest, mx)
+        self.chunks.append(table)
+        self.table = None
+        self.rows += table.num_rows
+        self.nbytes += table.nbytes + _BAD_BYTES * len(errs)
+        if self.nbytes > self.conn.cache_max_bytes:
+            self.max_messages = max(self.rows + len(self.bad) - 1, 0)
+            raise _Overflow(
+                f"{self.nbytes} bytes decoded > cache_max_bytes {self.conn.cache_max_bytes}"
+            )
+
+    def concat(self) -> pa.Table:
+        if self.table is None:
+            table = pa.concat_tables(self.chunks) if self.chunks else self.full.empty_table()
+            if len(self.chunks) > 32:  # many small catch-ups: keep the chunk count low
+                table = table.combine_chunks()
+                self.chunks = [table]
+            self.table = table
+        return self.table
+
+    def snapshot(self, timeout: float) -> _Snapshot:
+        """Catch up to the broker's current end and return what a scan must read.
+
+        Raises ``_Overflow`` (cache dropped, stream instead), ``SourceError`` for a
+        deleted topic, or the broker's error (the cache is kept for the next try)."""
+        with self.lock:
+            if self.closed:
+                raise SourceError(self.conn.uri(self.topic), "the connection is closed")
+            try:
+                end = self._reconcile(timeout)
+                try:
+                    read = self._catch_up(end, timeout)
+                except _Recreated as why:
+                    self.reset(f"offsets went backwards: {why}")
+                    end = self._reconcile(timeout)
+                    read = self._catch_up(end, timeout)
+            except _Overflow:
+                self._clear()
+                self.topic_id = None
+                if self.consumer is not None:
+                    with contextlib.suppress(Exception):
+                        self.consumer.unassign()
+                raise
+            return _Snapshot(
+                table=self.concat(),
+                end=dict(end),
+                masked=any(self.pos[p] > end[p] for p in end),
+                bad=tuple(self.bad),
+                newest=self.newest,
+                caught_up=read,
+                resets=self.resets,
+            )
 
 
 class KafkaSource(Source):
@@ -85,23 +391,48 @@ class KafkaSource(Source):
         return out
 
     def statistics(self) -> Statistics:
-        with self.conn.consumer() as c:
-            try:
-                marks = self._offsets(c, self.conn.timeout)
-            except Exception as exc:
-                raise self.conn.error(exc, self.topic) from exc
+        try:
+            marks = self.conn.list_offsets(self.topic, self.partitions, self.conn.timeout)
+        except Exception as exc:
+            raise self.conn.error(exc, self.topic) from exc
         return Statistics(row_count=sum(h - lo for lo, h in marks.values()), exact=False)
 
     def watermark(self) -> Watermark:
-        """Newest message time (reads the last message of each partition) and lag 0."""
-        if self._last_wm is not None:
-            return self._last_wm
+        """Lag 0 (a scan reads up to the current end) and the newest message time.
+
+        With the cache this is a catch-up of the tail (one metadata and one ListOffsets
+        request when nothing is new). Without it: the last complete scan's answer while
+        the watermarks have not moved, else the last message of each partition."""
+        tail = self.conn.tail(self.topic, self._schema)
+        if tail is not None:
+            try:
+                snap = tail.snapshot(self.conn.timeout)
+            except _Overflow:
+                pass
+            except SourceError:
+                raise
+            except Exception as exc:
+                raise self.conn.error(exc, self.topic) from exc
+            else:
+                return Watermark(
+                    event_time=snap.newest,
+                    lag_messages=0,
+                    detail={"kind": "tail cache", "end_offsets": dict(snap.end)},
+                )
+        try:
+            marks = self.conn.list_offsets(self.topic, self.partitions, self.conn.timeout)
+        except Exception as exc:
+            raise self.conn.error(exc, self.topic) from exc
+        ends = {p: h for p, (lo, h) in marks.items()}
+        if self._last_wm is not None and self._last_wm.detail.get("high") == ends:
+            return Watermark(
+                event_time=self._last_wm.event_time, lag_messages=0, detail=self._last_wm.detail
+            )
         from confluent_kafka import TopicPartition
 
         newest = None
         with self.conn.consumer() as c:
             try:
-                marks = self._offsets(c, self.conn.timeout)
                 tps = [
                     TopicPartition(self.topic, p, h - 1) for p, (lo, h) in marks.items() if h > lo
                 ]
@@ -118,13 +449,14 @@ class KafkaSource(Source):
                         newest = ts if newest is None else max(newest, ts)
             except Exception as exc:
                 raise self.conn.error(exc, self.topic) from exc
-        return Watermark(event_time=newest, lag_messages=0, detail={"kind": "bounded scan"})
+        self._last_wm = Watermark(
+            event_time=newest, lag_messages=0, detail={"kind": "bounded scan", "high": ends}
+        )
+        return self._last_wm
 
     # ----------------------------------------------------------------- scan
 
     def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
-        from confluent_kafka import KafkaError, TopicPartition
-
         cols = list(request.columns) if request.columns is not None else self._schema.names
         unknown = [c for c in cols if c not in self._schema.names]
         if unknown:
@@ -134,6 +466,80 @@ class KafkaSource(Source):
         params = typed_params(request.filters, request.params, self._schema, self.uri)
         pred = and_all(list(request.filters))
         expr = to_arrow(pred, params, now=utcnow()) if pred is not None else None
+        timeout = request.timeout or self.conn.timeout
+        tail = self.conn.tail(self.topic, self._schema)
+        if tail is None:
+            return self._scan_stream(request, cols, expr, "off (cache: false)")
+        try:
+            snap = tail.snapshot(timeout)
+        except _Overflow as why:
+            return self._scan_stream(request, cols, expr, f"off ({why})")
+        except SourceError:
+            raise
+        except Exception as exc:
+            raise self.conn.error(exc, self.topic) from exc
+        return self._scan_cached(snap, request, cols, expr)
+
+    def _scan_cached(
+        self, snap: _Snapshot, request: ScanRequest, cols: list[str], expr: Any
+    ) -> Iterator[pa.RecordBatch]:
+        """Filters, time range, latest_by, projection and limit on the cached Arrow data."""
+        table = snap.table
+        lo_t, hi_t = request.time_range or (None, None)
+        tsf = self.conn.timestamp_field(self.topic)
+        bad = [
+            b
+            for b in snap.bad
+            if b[1] < snap.end.get(b[0], 0)
+            and (
+                tsf is not None
+                or ((lo_t is None or b[2] >= lo_t) and (hi_t is None or b[2] <= hi_t))
+            )
+        ]
+        if snap.masked:
+            table = table.filter(_below(table, snap.end))
+        if tsf is None and (lo_t is not None or hi_t is not None):
+            ts = table["__ts"]
+            mask = pc.and_kleene(
+                pc.greater_equal(ts, lo_t) if lo_t is not None else pc.is_valid(ts),
+                pc.less_equal(ts, hi_t) if hi_t is not None else pc.is_valid(ts),
+            )
+            table = table.filter(mask)
+        stats: dict[str, Any] = {
+            "messages": table.num_rows + len(bad),
+            "bad_messages": len(bad),
+            "rows": 0,
+            "partitions": len(snap.end),
+            "end_offsets": dict(snap.end),
+            "cache": "hit" if snap.caught_up == 0 else "caught up",
+            "cache_read": snap.caught_up,
+            "cache_resets": snap.resets,
+        }
+        self.last_scan = stats
+        self.errors = [(p, off, why) for p, off, _, why in bad[:100]]
+        if tsf is not None and (lo_t is not None or hi_t is not None):
+            table = _event_time_filter(table, tsf, lo_t, hi_t)
+        if expr is not None:
+            table = table.filter(expr)
+        if request.latest_by:
+            table = latest(table, list(request.latest_by))
+        table = table.select(cols)
+        if request.limit is not None:
+            table = table.slice(0, request.limit)
+        stats["rows"] = table.num_rows
+        out_schema = pa.schema([self._schema.field(c) for c in cols])
+        batches = [
+            pa.RecordBatch.from_arrays(b.columns, schema=out_schema)
+            for b in table.to_batches(max_chunksize=request.batch_size)
+        ]
+        return iter(batches or [pa.RecordBatch.from_pylist([], schema=out_schema)])
+
+    def _scan_stream(
+        self, request: ScanRequest, cols: list[str], expr: Any, note: str
+    ) -> Iterator[pa.RecordBatch]:
+        """The uncached scan: a new consumer reads every partition from its low watermark."""
+        from confluent_kafka import KafkaError, TopicPartition
+
         lo_t, hi_t = request.time_range or (None, None)
         tsf = self.conn.timestamp_field(self.topic)
         timeout = request.timeout or self.conn.timeout
@@ -142,6 +548,7 @@ class KafkaSource(Source):
             "bad_messages": 0,
             "rows": 0,
             "partitions": len(self.partitions),
+            "cache": note,
         }
         self.last_scan, self.errors = stats, []
         newest: float | None = None
@@ -169,7 +576,12 @@ class KafkaSource(Source):
                     c.assign([TopicPartition(self.topic, p, start[p]) for p in todo])
                 deadline = time.monotonic() + max(timeout, 1.0)
                 while todo:
-                    msgs = c.consume(num_messages=min(request.batch_size, 10_000), timeout=0.5)
+                    # consume() waits its whole timeout unless it fills num_messages, so
+                    # take what is fetched, then wait for the next message only
+                    msgs = c.consume(num_messages=min(request.batch_size, 10_000), timeout=0)
+                    if not msgs:
+                        m = c.poll(0.1)
+                        msgs = [m] if m is not None else []
                     if not msgs:
                         if time.monotonic() > deadline:
                             raise TimeoutError(
@@ -223,22 +635,7 @@ class KafkaSource(Source):
                         "__ts", pa.array([x[2] for x in meta], pa.float64())
                     )
                     if tsf is not None and (lo_t is not None or hi_t is not None):
-                        t = (
-                            pc.cast(table.column(tsf), pa.int64())
-                            if pa.types.is_timestamp(table.schema.field(tsf).type)
-                            else None
-                        )
-                        if t is not None:
-                            secs = pc.divide(pc.cast(t, pa.float64()), 1e6)
-                            mask = pc.and_kleene(
-                                pc.greater_equal(secs, lo_t)
-                                if lo_t is not None
-                                else pc.is_valid(secs),
-                                pc.less_equal(secs, hi_t)
-                                if hi_t is not None
-                                else pc.is_valid(secs),
-                            )
-                            table = table.filter(mask)
+                        table = _event_time_filter(table, tsf, lo_t, hi_t)
                     if table.num_rows:
                         mx = pc.max(table.column("__ts")).as_py()
                         newest = mx if newest is None else max(newest, mx)
@@ -264,7 +661,11 @@ class KafkaSource(Source):
             self._last_wm = Watermark(
                 event_time=newest,
                 lag_messages=0,
-                detail={"kind": "bounded scan", "end_offsets": stats.get("end_offsets", {})},
+                detail={
+                    "kind": "bounded scan",
+                    "end_offsets": stats.get("end_offsets", {}),
+                    "high": {p: h for p, (lo, h) in marks.items()},
+                },
             )
         if request.latest_by:
             full = (
@@ -284,6 +685,29 @@ class KafkaSource(Source):
             )
         elif stats["rows"] == 0:
             yield pa.RecordBatch.from_pylist([], schema=out_schema)
+
+
+def _below(table: pa.Table, end: Mapping[int, int]) -> Any:
+    """Mask of the rows below each partition's end offset."""
+    keep = None
+    for p, e in end.items():
+        m = pc.and_(pc.equal(table["__partition"], p), pc.less(table["__offset"], e))
+        keep = m if keep is None else pc.or_(keep, m)
+    return keep if keep is not None else pa.array([False] * table.num_rows)
+
+
+def _event_time_filter(
+    table: pa.Table, tsf: str, lo_t: float | None, hi_t: float | None
+) -> pa.Table:
+    """Rows whose ``tsf`` (a timestamp column) lies in [lo_t, hi_t], epoch seconds."""
+    if not pa.types.is_timestamp(table.schema.field(tsf).type):
+        return table
+    secs = pc.divide(pc.cast(pc.cast(table.column(tsf), pa.int64()), pa.float64()), 1e6)
+    mask = pc.and_kleene(
+        pc.greater_equal(secs, lo_t) if lo_t is not None else pc.is_valid(secs),
+        pc.less_equal(secs, hi_t) if hi_t is not None else pc.is_valid(secs),
+    )
+    return table.filter(mask)
 
 
 def latest(table: pa.Table, keys: list[str]) -> pa.Table:
@@ -323,6 +747,14 @@ class KafkaConnection(Connection):
                 f"connection {name!r}: 'end' must be high_watermark or eof, got {end!r}"
             )
         self.read_to_eof = end == "eof"
+        self.cache = _flag(options.get("cache", True), name, "cache")
+        self.cache_max_messages = int(options.get("cache_max_messages", 1_000_000))
+        self.cache_max_bytes = int(options.get("cache_max_bytes", 256 * 2**20))
+        self._lock = threading.Lock()
+        self._admin: Any = None
+        self._tails: dict[tuple[str, str], _Tail] = {}
+        self._closed = False
+        weakref.finalize(self, _close_tails, self._tails)
 
     def uri(self, obj: str = "") -> str:
         return f"kafka://{self.name}/{obj}"
@@ -354,26 +786,80 @@ class KafkaConnection(Connection):
         cfg.update(self.options.get("config") or {})
         return cfg
 
-    def consumer(self) -> Any:
+    def consumer(self, tail: bool = False) -> Any:
+        """A consumer that never joins its (unique) group: callers ``assign()``.
+
+        ``tail=True``: the bare long-lived consumer of a tail cache; otherwise one wrapped
+        to be closed by a ``with`` block."""
         from confluent_kafka import Consumer
 
         cfg = self._config()
         cfg.update(
             {
-                "group.id": f"fabric-scan-{uuid.uuid4().hex[:12]}",
+                "group.id": f"fabric-{'tail' if tail else 'scan'}-{uuid.uuid4().hex[:12]}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 100,
+                # end: eof asks the broker for its end at every scan, which a broker
+                # answers after at most this long when it has nothing new
+                "fetch.wait.max.ms": 20 if tail and self.read_to_eof else 100,
             }
         )
-        return _Closing(Consumer(cfg))
+        return Consumer(cfg) if tail else _Closing(Consumer(cfg))
+
+    def admin(self) -> Any:
+        """The connection's shared AdminClient (thread-safe; metadata and offsets)."""
+        with self._lock:
+            if self._admin is None:
+                from confluent_kafka.admin import AdminClient
+
+                self._admin = AdminClient(self._config())
+            return self._admin
+
+    def list_offsets(
+        self, topic: str, partitions: list[int], timeout: float
+    ) -> dict[int, tuple[int, int]]:
+        """``{partition: (low, high)}`` watermarks in one ListOffsets round trip per end."""
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        if not partitions:
+            return {}
+        adm = self.admin()
+        ends = []
+        for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+            futs = adm.list_offsets(
+                {TopicPartition(topic, p): spec for p in partitions}, request_timeout=timeout
+            )
+            ends.append(futs)
+        low, high = (
+            {tp.partition: f.result(timeout + 1).offset for tp, f in e.items()} for e in ends
+        )
+        return {p: (low[p], high[p]) for p in partitions}
+
+    def tail(self, topic: str, schema: pa.Schema) -> _Tail | None:
+        """The tail cache of ``topic`` decoded into ``schema`` (None with ``cache: false``)."""
+        if not self.cache:
+            return None
+        key = (topic, schema.to_string(show_schema_metadata=False))
+        with self._lock:
+            if self._closed:  # used after close(): scan without a cache
+                return None
+            t = self._tails.get(key)
+            if t is None:
+                t = self._tails[key] = _Tail(self, topic, schema)
+            return t
+
+    def close(self) -> None:
+        """Stop every tail (closes their consumers) and drop the caches."""
+        with self._lock:
+            self._closed = True
+            self._admin = None
+        _close_tails(self._tails)
 
     def _metadata(self, topic: str | None = None) -> Any:
-        from confluent_kafka.admin import AdminClient
-
         try:
-            return AdminClient(self._config()).list_topics(topic=topic, timeout=self.timeout)
+            return self.admin().list_topics(topic=topic, timeout=self.timeout)
         except Exception as exc:
             raise self.error(exc, topic or "") from exc
 
@@ -443,8 +929,21 @@ class KafkaConnection(Connection):
         return infer_schema(docs[: self.sample], timestamp_fields=[tsf] if tsf else [])
 
 
-def _quiet(*_: Any) -> None:
-    pass
+def _close_tails(tails: dict[tuple[str, str], _Tail]) -> None:
+    items = list(tails.values())
+    tails.clear()
+    for t in items:
+        t.close()
+
+
+def _flag(v: Any, name: str, key: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if str(v).lower() in ("true", "yes", "on", "1"):
+        return True
+    if str(v).lower() in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"connection {name!r}: {key!r} must be true or false, got {v!r}")
 
 
 class _Closing:
