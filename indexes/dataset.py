@@ -40,7 +40,7 @@ class Dataset:
         key: str,
         indexes: Mapping[str, IndexSpec | str | dict],
         *,
-        fold_rows: int = 4096,
+        fold_rows: int = 2048,
     ):
         if key not in schema.names:
             raise DatasetError(
@@ -170,7 +170,7 @@ class Dataset:
                 inv.add(rowids, table.column(c))
             for c, vi in self.vectors.items():
                 vi.append(start, mats[c])
-                vi.fold(self.alive)
+                vi.fold(self.alive, limit=max(vi.fold_chunk, m))  # bounded stall per write
             self.version += 1
         return m
 
@@ -230,7 +230,7 @@ class Dataset:
                 self.schema,
                 self.key,
                 self.specs,
-                fold_rows=next(iter(self.vectors.values())).fold_rows if self.vectors else 4096,
+                fold_rows=next(iter(self.vectors.values())).fold_rows if self.vectors else 2048,
             )
             fresh.upsert(table)
             fresh.flush()

@@ -47,12 +47,15 @@ def to_matrix(column: str, values: pa.Array | pa.ChunkedArray, dim: int) -> np.n
 
 
 class VectorIndex:
-    def __init__(self, column: str, dim: int, spec: IndexSpec, fold_rows: int = 4096):
+    def __init__(
+        self, column: str, dim: int, spec: IndexSpec, fold_rows: int = 2048, fold_chunk: int = 512
+    ):
         self.column = column
         self.dim = dim
         self.spec = spec
         self.metric = spec.metric or "cosine"
         self.fold_rows = fold_rows
+        self.fold_chunk = fold_chunk
         self.vectors = np.zeros((0, dim), dtype=np.float32)
         self.aux = np.zeros(0, dtype=np.float32)  # squared norms (l2) or inverse norms (cosine)
         self.n = 0  # rows stored (row ids 0..n-1)
@@ -94,13 +97,17 @@ class VectorIndex:
         self.aux[start:end] = self._aux(m)
         self.n = end
 
-    def fold(self, alive: np.ndarray, force: bool = False) -> int:
-        """Insert the growing segment into the graph if it is big enough (or ``force``)."""
+    def fold(self, alive: np.ndarray, force: bool = False, limit: int | None = None) -> int:
+        """Insert the growing segment into the graph once it holds ``fold_rows`` rows (or
+        ``force``); at most ``limit`` of its oldest rows per call, so a writer holding the
+        lock never stalls readers for a whole segment (hnswlib cannot search while it
+        inserts) and the segment stays near ``fold_rows``."""
         pending = self.n - self.folded
         if pending <= 0 or (pending < self.fold_rows and not force):
             return 0
-        ids = np.arange(self.folded, self.n)
-        ids = ids[alive[self.folded : self.n]]
+        end = self.n if force or limit is None else min(self.n, self.folded + limit)
+        ids = np.arange(self.folded, end)
+        ids = ids[alive[self.folded : end]]
         if len(ids):
             need = self.in_graph + len(ids)
             cap = self.graph.get_max_elements()
@@ -110,7 +117,7 @@ class VectorIndex:
                 self.vectors[ids], ids, num_threads=self.build_threads, replace_deleted=True
             )
             self.in_graph += len(ids)
-        self.folded = self.n
+        self.folded = end
         return len(ids)
 
     def delete(self, rowid: int) -> None:

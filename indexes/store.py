@@ -103,7 +103,7 @@ def load(cls: Any, directory: str) -> Any:
     with open(os.path.join(directory, "schema.arrow"), "rb") as f:
         schema = pa.ipc.read_schema(pa.py_buffer(f.read()))
     specs = {c: IndexSpec(**s) for c, s in meta["indexes"].items()}
-    fold = next(iter(meta["vectors"].values()))["fold_rows"] if meta["vectors"] else 4096
+    fold = next(iter(meta["vectors"].values()))["fold_rows"] if meta["vectors"] else 2048
     ds = cls(meta["name"], schema, meta["key"], specs, fold_rows=fold)
     with pa.memory_map(os.path.join(directory, "rows.arrow")) as src:
         table = pa.ipc.open_file(src).read_all()

@@ -388,3 +388,20 @@ def test_compact_drops_tombstones_and_keeps_results():
     assert ds.search("emb", q, 10, strategy="exact")[0].column("id").to_pylist() == res_before
     for where in FILTERS:
         assert ids_of(ds, ds.filter_rows(where, PARAMS)) == brute(ds, where), str(where)
+
+
+def test_small_upserts_fold_into_the_graph_in_bounded_chunks():
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=300)
+    vi = ds.vectors["emb"]
+    vi.fold_chunk = 100
+    growing = []
+    for b in range(40):  # 40 upserts of 25 rows: 1,000 rows
+        ds.upsert(make_table(np.arange(b * 25, (b + 1) * 25), seed=b))
+        growing.append(vi.n - vi.folded)
+    assert max(growing) < 300 + 100  # bounded near fold_rows, never one big fold
+    assert vi.in_graph + (vi.n - vi.folded) == 1000 and vi.in_graph >= 600
+    t = ds.to_table(["id", "emb"])
+    x = np.stack(t.column("emb").to_numpy(zero_copy_only=False))
+    for i in range(0, 1000, 37):  # rows found whether in the graph or the growing segment
+        res, _ = ds.search("emb", x[i], 1, strategy="postfilter")
+        assert res.column("id")[0].as_py() == t.column("id")[i].as_py()
