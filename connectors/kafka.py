@@ -306,6 +306,8 @@ class _Tail:
         self.table = None
         self.rows += table.num_rows
         self.nbytes += table.nbytes + _BAD_BYTES * len(errs)
+        if self.rows + len(self.bad) > self.max_messages:  # end: eof (the listed ends are low)
+            raise _Overflow(f"more than cache_max_messages {self.max_messages} messages")
         if self.nbytes > self.conn.cache_max_bytes:
             self.max_messages = max(self.rows + len(self.bad) - 1, 0)
             raise _Overflow(
