@@ -27,8 +27,8 @@ from tests.servers import ServerUnreachable, require
 def _sql_round_trip(url: str) -> None:
     engine = sa.create_engine(url)
     meta = sa.MetaData()
-    merchants = sa.Table(
-        "merchants",
+    merchants = sa.Table(  # a name of its own: other tests share the per-run database
+        "roundtrip_merchants",
         meta,
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("name", sa.String(100), nullable=False),
@@ -179,7 +179,7 @@ def test_tansu_produce_consume_round_trip(tansu_bootstrap: str, tansu_topic) -> 
 
 
 def test_mongo_insert_find_filter_projection_sort(mongo_db) -> None:
-    coupons = mongo_db["coupons"]
+    coupons = mongo_db["roundtrip_coupons"]  # other tests share the per-run database
     docs = [
         {"code": f"C{i:03d}", "merchant_id": i % 4, "discount": (i * 7) % 50, "tags": ["food"] if i % 2 else ["tech"]}
         for i in range(40)
