@@ -3,19 +3,30 @@
 Connection options: ``bootstrap`` (required), ``schemas`` (``{topic: {column: type}}``;
 otherwise inferred from up to ``sample`` (200) messages), ``timestamp_field`` (a JSON
 field holding the event time; default: the message timestamp), ``timeout`` (10 s:
-metadata and watermark requests), ``config`` (extra librdkafka settings).
+metadata and watermark requests), ``config`` (extra librdkafka settings), ``end``
+(``high_watermark`` or ``eof``), ``cache`` (true), ``cache_max_messages`` (1,000,000)
+and ``cache_max_bytes`` (256 MiB).
 
 A scan is bounded: it captures the high watermark of every partition when it starts
 (``end: eof`` instead reads each partition until the broker says it is at its end, for
-brokers whose listed high watermarks are wrong, such as Tansu),
-``assign()``s all partitions (librdkafka fetches them concurrently; no consumer group is
-joined and nothing is committed), and stops each partition at that offset, so a busy
-topic cannot make a scan endless. With ``time_range`` it seeks with
+brokers whose listed high watermarks are wrong, such as Tansu) and returns exactly the
+messages below those offsets, so a busy topic cannot make a scan endless. Nothing joins
+a consumer group and nothing is committed (``assign()`` only).
+
+By default a scan reads the topic through the connection's *tail cache* (``_Tail``):
+the decoded Arrow rows of the topic with partition/offset/timestamp, kept in memory,
+caught up at each scan from the cached positions to the watermarks captured at its
+start, so a repeated scan decodes only the new messages; time range, filters,
+``latest_by`` and projection then run on the cached Arrow data with pyarrow. Deleted or
+recreated topics, moved low watermarks and added partitions are reconciled at every
+scan; a topic over the bounds is streamed instead (``last_scan["cache"]`` says which).
+Without the cache (``cache: false``, or over the bounds) a new consumer reads every
+partition from its low watermark; with ``time_range`` it seeks with
 ``offsets_for_times`` and also checks every record's time, so a broker whose time index
 is wrong (Tansu) gives a slower but still exact answer. JSON values are decoded into the
 schema; bad messages are skipped and counted (``last_scan``), never fatal. Filters that
-pyarrow can evaluate are applied here on every batch (EXACT), before ``latest_by``
-(which keeps the newest record per key: greatest timestamp, then offset).
+pyarrow can evaluate are applied here (EXACT), before ``latest_by`` (which keeps the
+newest record per key: greatest timestamp, then partition and offset).
 """
 
 from __future__ import annotations
