@@ -41,7 +41,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from connectors.dataset import DatasetSource
 from dsl.ast import Binary, Call, Column, Expr, Literal
 from indexes import Dataset, IndexSpec, calibrate
-from indexes.btree import array_of
 
 DIM, CLUSTERS, K = 128, 64, 10
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -535,7 +534,6 @@ def main() -> None:
                 r = lr[p.name]
                 print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
     print("\nChroma: not run (not installed here).")
-    _ = array_of
 
 
 if __name__ == "__main__":

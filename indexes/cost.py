@@ -110,7 +110,7 @@ def calibrate(
     dataset directory if it has one, else ~/.cache/fabric)."""
     from pyroaring import BitMap
 
-    from indexes.btree import array_of, bitmap_of
+    from indexes.btree import bitmap_of
 
     rng = np.random.default_rng(seed)
     cm = CostModel()
@@ -146,7 +146,6 @@ def calibrate(
     cm.callback_ns = (
         4 * _best(lambda: [cb(i) for i in range(10_000)], 5) / 10_000 * 1e9
     )  # x4: pybind11
-    _ = array_of
     if ds is not None:
         _calibrate_dataset(cm, ds, rng)
     cm.calibrated_at = time.time()
@@ -270,14 +269,10 @@ def _measure_overheads(cm: CostModel, ds: Any, rng: np.random.Generator) -> None
                 _, info = ds.search(col, q, 10, w, strategy=s, guards=False)
                 model = next(a.cost_ms for a in info.alternatives if a.strategy == s)
                 extra.append(
-                    info.elapsed_ms - info.plan_ms - (model - cm.overhead_ms) + _plan_share(info)
+                    # planning is paid by every strategy alike: count it in the fixed cost
+                    info.elapsed_ms - (model - cm.overhead_ms)
                 )
             cm.overheads[s] = min(max(float(np.median(extra)), 0.005), 0.5)
     finally:
         ds.cost_model = saved if saved is not None else cm
         ds.feedback.clear()
-
-
-def _plan_share(info: Any) -> float:
-    """Planning time is paid by every strategy alike; count it once, in the fixed cost."""
-    return info.plan_ms

@@ -8,7 +8,6 @@ import threading
 import hnswlib
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 from connectors.arrow_expr import filter_table
@@ -371,7 +370,6 @@ def test_statistics_and_memory_report():
     assert st["indexes"]["sym"]["nulls"] == 200
     assert st["indexes"]["emb"]["in_graph"] + st["indexes"]["emb"]["growing"] == 800
     assert sum(ds.nbytes().values()) > 800 * DIM * 4
-    _ = pc
 
 
 def test_compact_drops_tombstones_and_keeps_results():
