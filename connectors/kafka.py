@@ -61,9 +61,6 @@ from dsl.ast import and_all
 
 __all__ = ["KafkaConnection", "KafkaSource", "decode_json_messages"]
 
-_META = ("__partition", "__offset", "__ts")
-
-
 # ------------------------------------------------------------------------------ tail cache
 
 _ZERO_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero topic id of brokers without topic ids
@@ -98,10 +95,12 @@ class _Tail:
     keeps prefetching in librdkafka's background thread. A snapshot first reads the
     topic's partitions, topic id and watermarks (one metadata and one ListOffsets round
     trip), resets or trims what the broker no longer has, then consumes from the cached
-    positions to the high watermarks captured at that moment (``end: eof``: seeks back
-    to the cached positions and reads until the broker reports each partition's end),
-    decodes only the new messages and appends them. Catch-ups are serialized by a lock;
-    scans filter the immutable snapshot outside it, concurrently.
+    positions to the high watermarks captured at that moment (``end: eof``: a consumer
+    opened for the catch-up reads from the cached positions until the broker reports
+    each partition's end), decodes only the new messages and appends them. Catch-ups are
+    serialized by a lock; scans filter the immutable snapshot outside it, concurrently.
+    A compacted topic (``cleanup.policy`` with ``compact``) is not cached: compaction
+    removes records the cache would keep returning.
     """
 
     def __init__(self, conn: KafkaConnection, topic: str, schema: pa.Schema):
@@ -121,6 +120,7 @@ class _Tail:
         self.closed = False
         self.topic_id: str | None = None
         self.max_messages = conn.cache_max_messages
+        self.policy: str | None = None  # cleanup.policy, read once
         self.last_reset = ""
         self._clear()
         self.resets = 0
@@ -176,10 +176,28 @@ class _Tail:
         tid = str(d.topic_id) if d.topic_id is not None else None
         return sorted(p.id for p in d.partitions), (None if tid == _ZERO_ID else tid)
 
+    def _cleanup_policy(self, timeout: float) -> str:
+        from confluent_kafka.admin import ConfigResource
+
+        try:
+            fut = self.conn.admin().describe_configs(
+                [ConfigResource("topic", self.topic)], request_timeout=timeout
+            )
+            entry = next(iter(fut.values())).result(timeout + 1).get("cleanup.policy")
+        except Exception:  # a broker without DescribeConfigs: Kafka's default
+            return "delete"
+        return str(entry.value) if entry is not None and entry.value else "delete"
+
     def _reconcile(self, timeout: float) -> dict[int, int]:
         """Check the topic against the cache; returns the per-partition end offsets."""
         from confluent_kafka import TopicPartition
 
+        if self.policy is None:
+            self.policy = self._cleanup_policy(timeout)
+        if "compact" in self.policy:
+            raise _Overflow(
+                f"cleanup.policy={self.policy}: compaction removes records a cache would keep"
+            )
         parts, tid = self._describe(timeout)
         if tid is not None and self.topic_id is not None and tid != self.topic_id:
             self.reset("topic recreated (new topic id)")

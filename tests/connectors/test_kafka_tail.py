@@ -271,6 +271,25 @@ def test_over_the_bounds_the_scan_streams_and_says_so(broker: Any) -> None:
     assert by_bytes.conn._tails[next(iter(by_bytes.conn._tails))].rows == 0  # dropped
 
 
+def test_a_compacted_topic_is_not_cached(kafka_bootstrap: str, test_run_id: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    topic = f"fabric_compacted_{test_run_id}"
+    spec = NewTopic(
+        topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
+    )
+    admin.create_topics([spec])[topic].result(30)
+    try:
+        time.sleep(0.3)
+        produce(kafka_bootstrap, topic, rows(12))
+        cached, fresh = pair(kafka_bootstrap, topic)
+        assert same(cached, fresh, LATEST_U3) == [{"user_id": 3, "seq": 10, "lat": 10.0}]
+        assert cached.last_scan["cache"].startswith("off (cleanup.policy=compact")
+    finally:
+        admin.delete_topics([topic])[topic].result(30)
+
+
 def test_watermark_uses_the_tail_and_close_stops_it(kafka_bootstrap: str, new_topic: Any) -> None:
     topic = new_topic(partitions=2, prefix="wm")
     base = int(time.time() * 1000) - 5_000
