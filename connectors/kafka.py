@@ -836,6 +836,8 @@ class KafkaConnection(Connection):
                 "fetch.wait.max.ms": 20 if tail and self.read_to_eof else 100,
             }
         )
+        if tail:  # an idle tail prefetches at most this much (outside cache_max_bytes)
+            cfg.setdefault("queued.max.messages.kbytes", 16_384)
         return Consumer(cfg) if tail else _Closing(Consumer(cfg))
 
     def admin(self) -> Any:
