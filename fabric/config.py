@@ -48,11 +48,22 @@ TOP_KEYS = (
 )
 CONNECTION_KINDS = ("mysql", "postgres", "sql", "mongo", "s3", "file", "kafka", "memory")
 #: options each connection kind accepts (besides kind, schemas, description)
+_SQL_KEYS = (
+    "url",
+    "pool_size",
+    "max_overflow",
+    "pool_recycle",
+    "connect_timeout",
+    "read_timeout",
+    "query_timeout",
+    "timeout",
+    "options",
+)
 CONNECTION_KEYS: dict[str, tuple[str, ...]] = {
-    "mysql": ("url", "pool_size", "connect_timeout", "query_timeout", "options"),
-    "postgres": ("url", "pool_size", "connect_timeout", "query_timeout", "options"),
-    "sql": ("url", "pool_size", "connect_timeout", "query_timeout", "options"),
-    "mongo": ("url", "database", "connect_timeout", "query_timeout", "options"),
+    "mysql": _SQL_KEYS,
+    "postgres": _SQL_KEYS,
+    "sql": _SQL_KEYS,
+    "mongo": ("url", "database", "connect_timeout", "query_timeout", "timeout", "sample", "options"),
     "s3": (
         "endpoint",
         "bucket",
@@ -61,11 +72,27 @@ CONNECTION_KEYS: dict[str, tuple[str, ...]] = {
         "region",
         "scheme",
         "format",
+        "formats",
+        "delimiter",
         "prefix",
         "options",
     ),
-    "file": ("root", "format", "options"),
-    "kafka": ("bootstrap", "group_prefix", "format", "security", "options"),
+    "file": ("root", "format", "formats", "delimiter", "options"),
+    "kafka": (
+        "bootstrap",
+        "group_prefix",
+        "format",
+        "security",
+        "timeout",
+        "timestamp_field",
+        "sample",
+        "end",
+        "cache",
+        "cache_max_messages",
+        "cache_max_bytes",
+        "config",
+        "options",
+    ),
     "memory": ("options",),
 }
 DATASET_KEYS = (
