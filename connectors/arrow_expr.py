@@ -36,7 +36,14 @@ class NotTranslatable(ValueError):
     """The expression uses something pyarrow compute cannot evaluate here."""
 
 
-_CMP = {"=": "equal", "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal"}
+_CMP = {
+    "=": "equal",
+    "!=": "not_equal",
+    "<": "less",
+    "<=": "less_equal",
+    ">": "greater",
+    ">=": "greater_equal",
+}
 _ARITH = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 
@@ -111,7 +118,9 @@ def to_arrow(
             if x.op in _CMP:
                 return getattr(pc, _CMP[x.op])(go(x.left), go(x.right))
             if x.op in _ARITH:
-                return getattr(pc, _ARITH[x.op] + ("_checked" if x.op != "/" else ""))(go(x.left), go(x.right))
+                return getattr(pc, _ARITH[x.op] + ("_checked" if x.op != "/" else ""))(
+                    go(x.left), go(x.right)
+                )
             if x.op == "||":
                 return pc.binary_join_element_wise(go(x.left), go(x.right), "")
         if isinstance(x, Unary):
@@ -152,7 +161,9 @@ def to_arrow(
     return go(e)
 
 
-def _call(x: Call, go: Callable[[Expr], Any], params: Mapping[str, Any], now: dt.datetime | None) -> Any:
+def _call(
+    x: Call, go: Callable[[Expr], Any], params: Mapping[str, Any], now: dt.datetime | None
+) -> Any:
     name, args = x.name, x.args
     if name == "lower" and len(args) == 1:
         return pc.utf8_lower(go(args[0]))
@@ -191,10 +202,18 @@ def translatable(e: Expr, params: Mapping[str, Any] | None = None) -> bool:
 
 
 def _param_is_list(e: Expr, name: str) -> bool:
-    return any(isinstance(x, InList) and isinstance(x.items, Param) and x.items.name == name for x in e.walk())
+    return any(
+        isinstance(x, InList) and isinstance(x.items, Param) and x.items.name == name
+        for x in e.walk()
+    )
 
 
-def filter_table(table: pa.Table, predicate: Expr | None, params: Mapping[str, Any], now: dt.datetime | None = None) -> pa.Table:
+def filter_table(
+    table: pa.Table,
+    predicate: Expr | None,
+    params: Mapping[str, Any],
+    now: dt.datetime | None = None,
+) -> pa.Table:
     """Apply a (residual) predicate to an Arrow table; null counts as false (SQL semantics)."""
     if predicate is None or table.num_rows == 0:
         return table

@@ -179,7 +179,9 @@ def connection_class(kind: str) -> type[Connection]:
     try:
         target = REGISTRY[kind]
     except KeyError:
-        raise ValueError(f"unknown connection kind {kind!r}; known kinds: {', '.join(sorted(REGISTRY))}") from None
+        raise ValueError(
+            f"unknown connection kind {kind!r}; known kinds: {', '.join(sorted(REGISTRY))}"
+        ) from None
     mod, _, cls = target.partition(":")
     return getattr(importlib.import_module(mod), cls)
 

@@ -44,10 +44,18 @@ class MemorySource(Source):
         cols = {}
         for name in self.table.column_names:
             col = self.table.column(name)
-            if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_timestamp(col.type):
+            if (
+                pa.types.is_integer(col.type)
+                or pa.types.is_floating(col.type)
+                or pa.types.is_timestamp(col.type)
+            ):
                 mm = pc.min_max(col)
-                cols[name] = ColumnStats(null_count=col.null_count, min=mm["min"].as_py(), max=mm["max"].as_py())
-        return Statistics(row_count=self.table.num_rows, exact=True, total_bytes=self.table.nbytes, columns=cols)
+                cols[name] = ColumnStats(
+                    null_count=col.null_count, min=mm["min"].as_py(), max=mm["max"].as_py()
+                )
+        return Statistics(
+            row_count=self.table.num_rows, exact=True, total_bytes=self.table.nbytes, columns=cols
+        )
 
     def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
         self.scans += 1

@@ -211,13 +211,31 @@ def replace(e: Expr, fn: Any) -> Expr:
 
 def unqualify(e: Expr) -> Expr:
     """Drop source qualifiers (what a connector sees: its own column names)."""
-    return replace(e, lambda n: Column(n.name, None, span=n.span) if isinstance(n, Column) and n.source else None)
+    return replace(
+        e,
+        lambda n: Column(n.name, None, span=n.span) if isinstance(n, Column) and n.source else None,
+    )
 
 
 # ---------------------------------------------------------------- canonical text
 
-_PREC = {"or": 1, "and": 2, "not": 3, "=": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
-         "||": 5, "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
+_PREC = {
+    "or": 1,
+    "and": 2,
+    "not": 3,
+    "=": 4,
+    "!=": 4,
+    "<": 4,
+    "<=": 4,
+    ">": 4,
+    ">=": 4,
+    "||": 5,
+    "+": 5,
+    "-": 5,
+    "*": 6,
+    "/": 6,
+    "%": 6,
+}
 
 
 def _lit(v: Any, t: str) -> str:
@@ -230,7 +248,14 @@ def _lit(v: Any, t: str) -> str:
     if t == "timestamp":
         return f"timestamp '{v.isoformat() if isinstance(v, _dt.datetime) else v}'"
     if t == "list":
-        return "[" + ", ".join(_lit(x, "bool" if isinstance(x, bool) else "str" if isinstance(x, str) else "num") for x in v) + "]"
+        return (
+            "["
+            + ", ".join(
+                _lit(x, "bool" if isinstance(x, bool) else "str" if isinstance(x, str) else "num")
+                for x in v
+            )
+            + "]"
+        )
     if t == "interval":
         if isinstance(v, _dt.timedelta):
             secs = v.total_seconds()
@@ -261,7 +286,11 @@ def to_text(e: Expr, parent_prec: int = 0) -> str:
         s = f"{to_text(e.left, p)} {e.op} {to_text(e.right, p + 1)}"
         return f"({s})" if parent_prec > p else s
     if isinstance(e, InList):
-        items = to_text(e.items) if isinstance(e.items, Param) else "(" + ", ".join(to_text(i) for i in e.items) + ")"
+        items = (
+            to_text(e.items)
+            if isinstance(e.items, Param)
+            else "(" + ", ".join(to_text(i) for i in e.items) + ")"
+        )
         s = f"{to_text(e.expr, 5)} {'not in' if e.negated else 'in'} {items}"
         return f"({s})" if parent_prec > 4 else s
     if isinstance(e, Between):

@@ -53,7 +53,11 @@ class Diagnostic:
 
     def format(self) -> str:
         where = f"{self.span}: " if self.span else ""
-        out = [f"{where}{self.severity}: {self.message}" if self.severity != "error" else f"{where}{self.message}"]
+        out = [
+            f"{where}{self.severity}: {self.message}"
+            if self.severity != "error"
+            else f"{where}{self.message}"
+        ]
         if self.span and self.source_line is not None:
             line = self.source_line.rstrip("\n")
             out.append("    " + line)
@@ -86,7 +90,13 @@ class DslError(Exception):
         super().__init__(self.format())
 
     @classmethod
-    def at(cls, message: str, span: Span | None, hint: str | None = None, source_line: str | None = None) -> DslError:
+    def at(
+        cls,
+        message: str,
+        span: Span | None,
+        hint: str | None = None,
+        source_line: str | None = None,
+    ) -> DslError:
         return cls(Diagnostic(message, span, hint, source_line=source_line))
 
     @property
@@ -101,7 +111,11 @@ def did_you_mean(word: str, choices: Iterable[str], what: str = "") -> str:
     """'did you mean X? Existing <what>: a, b, c' (the list is always given)."""
     choices = sorted(set(choices))
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    listing = f"existing {what}: {', '.join(choices)}" if what else f"expected one of: {', '.join(choices)}"
+    listing = (
+        f"existing {what}: {', '.join(choices)}"
+        if what
+        else f"expected one of: {', '.join(choices)}"
+    )
     if close:
         return f"did you mean '{close[0]}'? ({listing})"
     return listing[0].upper() + listing[1:]

@@ -63,7 +63,15 @@ CONNECTION_KEYS: dict[str, tuple[str, ...]] = {
     "mysql": _SQL_KEYS,
     "postgres": _SQL_KEYS,
     "sql": _SQL_KEYS,
-    "mongo": ("url", "database", "connect_timeout", "query_timeout", "timeout", "sample", "options"),
+    "mongo": (
+        "url",
+        "database",
+        "connect_timeout",
+        "query_timeout",
+        "timeout",
+        "sample",
+        "options",
+    ),
     "s3": (
         "endpoint",
         "bucket",

@@ -68,7 +68,9 @@ def ecommerce(fab: Any, data: dict[str, pa.Table], env: dict[str, str], check: C
     from examples.seed.load import produce
     from fabric.functions import geo_hash
 
-    title("1. E-commerce: what offers are near me?  (Kafka location + MySQL merchants + MongoDB coupons)")
+    title(
+        "1. E-commerce: what offers are near me?  (Kafka location + MySQL merchants + MongoDB coupons)"
+    )
     user = 3
 
     def reference(loc_lat: float, loc_lon: float) -> list[tuple]:
@@ -79,7 +81,9 @@ def ecommerce(fab: Any, data: dict[str, pa.Table], env: dict[str, str], check: C
         rows = con.execute(
             "select m.name, c.discount, c.code from m join c on c.merchant_id = m.id "
             "where m.geo_hash = ? and m.status = 'active' and c.expires_at > now() "
-            "order by c.discount desc, c.code limit 10", [cell]).fetchall()
+            "order by c.discount desc, c.code limit 10",
+            [cell],
+        ).fetchall()
         return rows
 
     def run(label: str) -> pa.Table:
@@ -89,34 +93,60 @@ def ecommerce(fab: Any, data: dict[str, pa.Table], env: dict[str, str], check: C
         print(f"\n  {label}: {res.table.num_rows} offers in {ms:.0f} ms")
         show(res.table, 5)
         src = res.stats.get("sources", {})
-        print("  rows fetched per source: " + ", ".join(f"{a}={s.get('rows')}" for a, s in src.items()))
+        print(
+            "  rows fetched per source: "
+            + ", ".join(f"{a}={s.get('rows')}" for a, s in src.items())
+        )
         return res.table
 
-    locs = data["location_stream"].filter(pa.compute.equal(data["location_stream"]["user_id"], user))
+    locs = data["location_stream"].filter(
+        pa.compute.equal(data["location_stream"]["user_id"], user)
+    )
     last = locs.slice(locs.num_rows - 1).to_pylist()[0]
     got = run(f"user {user} at ({last['lat']:.4f}, {last['lon']:.4f})")
     ref = reference(last["lat"], last["lon"])
-    check(sorted(r["discount"] for r in got.to_pylist()) == sorted(r[1] for r in ref),
-          "offers equal a DuckDB reference over the same data (discounts of the top 10)")
+    check(
+        sorted(r["discount"] for r in got.to_pylist()) == sorted(r[1] for r in ref),
+        "offers equal a DuckDB reference over the same data (discounts of the top 10)",
+    )
 
     # the user moves: a new location arrives on the stream, the next query follows it
-    far = data["merchants"].filter(pa.compute.equal(data["merchants"]["status"], "active")).to_pylist()[-1]
+    far = (
+        data["merchants"]
+        .filter(pa.compute.equal(data["merchants"]["status"], "active"))
+        .to_pylist()[-1]
+    )
     moved = {"user_id": user, "lat": far["lat"], "lon": far["lon"], "ts": dt.datetime.now(dt.UTC)}
-    produce(env["FABRIC_KAFKA_BOOTSTRAP"], env["FABRIC_LOCATION_TOPIC"], pa.Table.from_pylist([moved]),
-            "user_id", recreate=False)
+    produce(
+        env["FABRIC_KAFKA_BOOTSTRAP"],
+        env["FABRIC_LOCATION_TOPIC"],
+        pa.Table.from_pylist([moved]),
+        "user_id",
+        recreate=False,
+    )
     got2 = run(f"user {user} moved to ({moved['lat']:.4f}, {moved['lon']:.4f})")
     ref2 = reference(moved["lat"], moved["lon"])
-    check(got2.num_rows > 0 and sorted(r["discount"] for r in got2.to_pylist()) == sorted(r[1] for r in ref2),
-          "after the move, offers equal the reference for the new location")
+    check(
+        got2.num_rows > 0
+        and sorted(r["discount"] for r in got2.to_pylist()) == sorted(r[1] for r in ref2),
+        "after the move, offers equal the reference for the new location",
+    )
     check(got.to_pylist() != got2.to_pylist(), "the answer followed the user's new location")
     print("\n  explain analyze (last query):")
-    print("    " + fab.explain("nearby_offers", session={"user_id": user}, analyze=True).replace("\n", "\n    "))
+    print(
+        "    "
+        + fab.explain("nearby_offers", session={"user_id": user}, analyze=True).replace(
+            "\n", "\n    "
+        )
+    )
 
 
 def finance(fab: Any, data: dict[str, pa.Table], check: Check) -> None:
     from examples.seed.data import hash_embed
 
-    title("2. Finance: how did the US market open today?  (Kafka-fed news: HNSW + B-tree + inverted)")
+    title(
+        "2. Finance: how did the US market open today?  (Kafka-fed news: HNSW + B-tree + inverted)"
+    )
     ds = fab.dataset("news")
     t0 = time.time()
     while ds.count() < data["news"].num_rows and time.time() - t0 < 60:
@@ -126,15 +156,21 @@ def finance(fab: Any, data: dict[str, pa.Table], check: Check) -> None:
     symbols = ["AAPL", "NVDA", "SPY"]
     t0 = time.perf_counter()
     res = fab.query("market_open_news", session={"query_vec": q, "symbols": symbols})
-    print(f"  {res.table.num_rows} rows in {(time.perf_counter() - t0) * 1000:.1f} ms "
-          "(nearest 20 among today's news on the symbols, one per symbol kept by the sandboxed snippet)")
+    print(
+        f"  {res.table.num_rows} rows in {(time.perf_counter() - t0) * 1000:.1f} ms "
+        "(nearest 20 among today's news on the symbols, one per symbol kept by the sandboxed snippet)"
+    )
     show(res.table)
     print("  freshness: " + ", ".join(f"{a}: {f.get('status')}" for a, f in res.freshness.items()))
     # reference: exact nearest neighbours over the same documents, then the snippet's rule
     news = data["news"]
     now = dt.datetime.now(dt.UTC)
-    mask = np.array([(s in symbols) and (p > now - dt.timedelta(days=1))
-                     for s, p in zip(news["symbol"].to_pylist(), news["published_at"].to_pylist())])
+    mask = np.array(
+        [
+            (s in symbols) and (p > now - dt.timedelta(days=1))
+            for s, p in zip(news["symbol"].to_pylist(), news["published_at"].to_pylist())
+        ]
+    )
     emb = np.asarray(news["embedding"].combine_chunks().values).reshape(-1, 384)
     dist = 1 - emb @ q
     idx = np.where(mask)[0]
@@ -146,11 +182,18 @@ def finance(fab: Any, data: dict[str, pa.Table], check: Check) -> None:
         if s not in seen:
             seen.add(s)
             ref_ids.append(news["id"][int(i)].as_py())
-    got_d = sorted(float(dist[news["id"].to_pylist().index(i)]) for i in res.table["id"].to_pylist())
+    got_d = sorted(
+        float(dist[news["id"].to_pylist().index(i)]) for i in res.table["id"].to_pylist()
+    )
     ref_d = sorted(float(dist[news["id"].to_pylist().index(i)]) for i in ref_ids)
-    check(np.allclose(got_d, ref_d, atol=1e-5), "results equal exact nearest neighbours + the snippet's rule")
+    check(
+        np.allclose(got_d, ref_d, atol=1e-5),
+        "results equal exact nearest neighbours + the snippet's rule",
+    )
     print("\n  explain analyze:")
-    text = fab.explain("market_open_news", session={"query_vec": q, "symbols": symbols}, analyze=True)
+    text = fab.explain(
+        "market_open_news", session={"query_vec": q, "symbols": symbols}, analyze=True
+    )
     print("    " + text.replace("\n", "\n    "))
 
 
@@ -167,9 +210,13 @@ def analytics(fab: Any, data: dict[str, pa.Table], check: Check) -> None:
         ref = con.execute(
             "select k.category, sum(o.amount) as spent, count(*) from o join k on k.product_id = o.product_id "
             "where o.user_id = ? and o.ordered_at > now() - interval 7 day group by 1 order by 2 desc limit 3",
-            [user]).fetchall()
+            [user],
+        ).fetchall()
         got = [(r["category"], round(r["spent"], 6), r["orders"]) for r in res.table.to_pylist()]
-        check(got == [(c, round(s, 6), n) for c, s, n in ref], f"user {user}: equals the DuckDB reference")
+        check(
+            got == [(c, round(s, 6), n) for c, s, n in ref],
+            f"user {user}: equals the DuckDB reference",
+        )
 
 
 def risk(fab: Any, ring: Any, data: dict[str, pa.Table], check: Check) -> None:
@@ -179,37 +226,49 @@ def risk(fab: Any, ring: Any, data: dict[str, pa.Table], check: Check) -> None:
     t0 = time.perf_counter()
     res = fab.query("risk_check", session={"ctx": ctx})
     ms = (time.perf_counter() - t0) * 1000
-    print(f"  the fabric scored {res.table.num_rows} policies on ciphertexts in {ms:.0f} ms; "
-          f"it holds the public context only (secret key: {fab.has_secret_key() if hasattr(fab, 'has_secret_key') else 'no'})")
+    print(
+        f"  the fabric scored {res.table.num_rows} policies on ciphertexts in {ms:.0f} ms; "
+        f"it holds the public context only (secret key: {fab.has_secret_key() if hasattr(fab, 'has_secret_key') else 'no'})"
+    )
     pol = data["risk_policies"]
     w = np.asarray(pol["weights"].combine_chunks().values).reshape(-1, 3)
     for i, row in enumerate(res.table.to_pylist()):
         score = float(np.ravel(ring.decrypt(res.table.column("risk")[i]))[0])
         ref = float(w[i] @ np.array(plain))
         flag = "ABOVE" if score > row["threshold"] else "below"
-        print(f"    {row['policy']:<20} risk={score:+.5f} (plain check {ref:+.5f})  threshold {row['threshold']:.2f} -> {flag}")
-        check(abs(score - ref) < 1e-3, f"{row['policy']}: decrypted score within 1e-3 of the plain computation")
+        print(
+            f"    {row['policy']:<20} risk={score:+.5f} (plain check {ref:+.5f})  threshold {row['threshold']:.2f} -> {flag}"
+        )
+        check(
+            abs(score - ref) < 1e-3,
+            f"{row['policy']}: decrypted score within 1e-3 of the plain computation",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fabric demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--skip-load", action="store_true", help="reuse data already loaded into the servers")
-    ap.add_argument("--only", action="append", choices=["ecommerce", "finance", "analytics", "risk", "incident"])
+    ap.add_argument(
+        "--skip-load", action="store_true", help="reuse data already loaded into the servers"
+    )
+    ap.add_argument(
+        "--only", action="append", choices=["ecommerce", "finance", "analytics", "risk", "incident"]
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    import fabric
     from crypto import KeyRing
     from examples.seed.data import generate
     from examples.seed.load import environment, load_all
-
-    import fabric
 
     env = environment()
     data = generate()
     if not args.skip_load:
         t0 = time.perf_counter()
         counts = load_all(env, data)
-        print(f"loaded the seed data in {time.perf_counter() - t0:.1f} s: "
-              + ", ".join(f"{k}={v}" for k, v in counts.items()))
+        print(
+            f"loaded the seed data in {time.perf_counter() - t0:.1f} s: "
+            + ", ".join(f"{k}={v}" for k, v in counts.items())
+        )
     work = Path(tempfile.mkdtemp(prefix="fabric-demo-"))
     ring = KeyRing.generate()  # the agent's side: the secret key never leaves this object
     (work / "agent.pub").write_bytes(ring.public_context())

@@ -38,22 +38,25 @@ def _free_udp_port() -> int:
 def _headlines(n: int, start: int = 0) -> pa.Table:
     now = dt.datetime.now(dt.UTC)
     syms = ["AAPL", "MSFT", "NVDA", "SPY"]
-    return pa.table({
-        "id": [f"h{i:07d}" for i in range(start, start + n)],
-        "published_at": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
-        "symbol": [syms[i % 4] for i in range(start, start + n)],
-        "body": [f"{syms[i % 4]} moves at the open, update {i}" for i in range(start, start + n)],
-    })
+    return pa.table(
+        {
+            "id": [f"h{i:07d}" for i in range(start, start + n)],
+            "published_at": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+            "symbol": [syms[i % 4] for i in range(start, start + n)],
+            "body": [
+                f"{syms[i % 4]} moves at the open, update {i}" for i in range(start, start + n)
+            ],
+        }
+    )
 
 
 def run(env: dict[str, str], check: Any) -> None:
     import os
 
     sys.path.insert(0, str(ROOT))
+    import fabric
     from examples.scheduler.scheduler import Scheduler, listen_udp
     from examples.seed.load import produce
-
-    import fabric
     from fabric.demo import title
 
     title("5. Incident: the headline stream falls 10^5 messages behind  (signals -> GPU scheduler)")
@@ -75,34 +78,55 @@ def run(env: dict[str, str], check: Any) -> None:
     def on_signal(ev: dict[str, Any]) -> None:
         if ev.get("event") in ("data_stale", "data_fresh"):
             events.append(ev)
-            log(f"signal  {ev['event']} ({ev.get('scope', 'source')}) source={ev.get('source')} "
-                f"bindings={ev.get('bindings')} lag={ev.get('lag_messages')} messages")
+            log(
+                f"signal  {ev['event']} ({ev.get('scope', 'source')}) source={ev.get('source')} "
+                f"bindings={ev.get('bindings')} lag={ev.get('lag_messages')} messages"
+            )
         orig(ev)
 
     sched.on_signal = on_signal  # type: ignore[method-assign]
-    for name, binding in [("analyst-1", "market_headlines"), ("analyst-2", "market_headlines"),
-                          ("shopper-1", "nearby_offers"), ("shopper-2", "top_category_last_week")]:
+    for name, binding in [
+        ("analyst-1", "market_headlines"),
+        ("analyst-2", "market_headlines"),
+        ("shopper-1", "nearby_offers"),
+        ("shopper-2", "top_category_last_week"),
+    ]:
         sched.add_agent(name, [binding])
     produce(env["FABRIC_KAFKA_BOOTSTRAP"], topic, _headlines(1_000), "id", recreate=True)
-    os.environ.update({"FABRIC_HEADLINES_TOPIC": topic, "FABRIC_SCHEDULER_PORT": str(port),
-                       "FABRIC_STATE_DIR": tempfile.mkdtemp(prefix="fabric-incident-")})
+    os.environ.update(
+        {
+            "FABRIC_HEADLINES_TOPIC": topic,
+            "FABRIC_SCHEDULER_PORT": str(port),
+            "FABRIC_STATE_DIR": tempfile.mkdtemp(prefix="fabric-incident-"),
+        }
+    )
     with fabric.open(CONFIG) as fab:
         ds = fab.dataset("headlines")
         while ds.count() < 1_000 and time.time() - t0 < 60:
             time.sleep(0.1)
         log(f"fabric ingesting {topic}: {ds.count()} headlines; GPUs held: {sched.holding()}")
         res = fab.query("market_headlines", session={"symbol": "NVDA"})
-        log(f"market_headlines answers {res.table.num_rows} rows, freshness {res.freshness['h']['status']}")
+        log(
+            f"market_headlines answers {res.table.num_rows} rows, freshness {res.freshness['h']['status']}"
+        )
         log(f"burst: producing {BURST:,} messages")
-        burst = threading.Thread(target=produce, args=(env["FABRIC_KAFKA_BOOTSTRAP"], topic,
-                                 _headlines(BURST, 1_000), "id"), kwargs={"recreate": False, "flush_every": BURST})
+        burst = threading.Thread(
+            target=produce,
+            args=(env["FABRIC_KAFKA_BOOTSTRAP"], topic, _headlines(BURST, 1_000), "id"),
+            kwargs={"recreate": False, "flush_every": BURST},
+        )
         burst.start()
         while burst.is_alive() and not events:
             time.sleep(0.05)
         res = fab.query("market_headlines", session={"symbol": "NVDA"})
         f = res.freshness["h"]
-        log(f"a query during the lag is flagged: status={f['status']} lag_messages={f['lag_messages']}")
-        check(not events or f["status"] == "stale", "a query during the lag is flagged stale (on_stale: flag)")
+        log(
+            f"a query during the lag is flagged: status={f['status']} lag_messages={f['lag_messages']}"
+        )
+        check(
+            not events or f["status"] == "stale",
+            "a query during the lag is flagged stale (on_stale: flag)",
+        )
         burst.join()
         log("burst produced")
         deadline = time.time() + 180
@@ -110,20 +134,39 @@ def run(env: dict[str, str], check: Any) -> None:
             ds.count() >= BURST + 1_000 and events and events[-1]["event"] == "data_fresh"
         ):
             time.sleep(0.2)
-        log(f"caught up: {ds.count():,} headlines; GPUs held: {sched.holding()}; parked: {sched.parked()}")
+        log(
+            f"caught up: {ds.count():,} headlines; GPUs held: {sched.holding()}; parked: {sched.parked()}"
+        )
         snap = fab.freshness()
         total = ds.count()
     stop.set()
     kinds = [e["event"] for e in events if e.get("scope", "source") == "source"]
     check("data_stale" in kinds, "the fabric pushed data_stale when the lag crossed 1000 messages")
-    check(any(e["event"] == "data_stale" and "market_headlines" in e.get("bindings", []) for e in events),
-          "data_stale named the affected binding (market_headlines)")
-    check("data_fresh" in kinds and kinds.index("data_fresh") > kinds.index("data_stale"),
-          "data_fresh followed once ingestion caught up")
-    check(kinds.count("data_stale") == 1,
-          f"no flapping: {kinds.count('data_stale')} data_stale event(s) for the source over the whole burst")
-    check(any("park    analyst" in t for t in timeline) and any("release analyst" in t for t in timeline),
-          "the scheduler parked the analysts while stale and released them when fresh")
+    check(
+        any(
+            e["event"] == "data_stale" and "market_headlines" in e.get("bindings", [])
+            for e in events
+        ),
+        "data_stale named the affected binding (market_headlines)",
+    )
+    check(
+        "data_fresh" in kinds and kinds.index("data_fresh") > kinds.index("data_stale"),
+        "data_fresh followed once ingestion caught up",
+    )
+    check(
+        kinds.count("data_stale") == 1,
+        f"no flapping: {kinds.count('data_stale')} data_stale event(s) for the source over the whole burst",
+    )
+    check(
+        any("park    analyst" in t for t in timeline)
+        and any("release analyst" in t for t in timeline),
+        "the scheduler parked the analysts while stale and released them when fresh",
+    )
     check(total == BURST + 1_000, f"every headline is in the dataset exactly once ({total:,})")
-    print("  /v1/freshness now: " + ", ".join(
-        f"{n}: {s.get('state')} lag={s.get('lag_messages')}" for n, s in snap.get("sources", {}).items()))
+    print(
+        "  /v1/freshness now: "
+        + ", ".join(
+            f"{n}: {s.get('state')} lag={s.get('lag_messages')}"
+            for n, s in snap.get("sources", {}).items()
+        )
+    )

@@ -46,9 +46,7 @@ def test_live_schema_errors_list_what_exists(shop: Path) -> None:
         text = info.value.format()
         assert "<text>:1:6: mysql://shop/bind_merchant does not exist" in text
         assert "did you mean 'bind_merchants'?" in text and "bind_orders" in text
-        with pytest.raises(
-            DslError, match=r"cannot compare m\.rating \(float\) with .x. \(str\)"
-        ):
+        with pytest.raises(DslError, match=r"cannot compare m\.rating \(float\) with .x. \(str\)"):
             fab.compile_text(
                 "from mysql://shop/bind_merchants as m where m.rating > 'x' select m.name"
             )

@@ -21,8 +21,20 @@ import pyarrow as pa
 from fabric.functions import geo_hash
 
 CENTER = (48.8566, 2.3522)  # the demo city
-CATEGORIES = ["groceries", "electronics", "books", "fashion", "toys", "garden", "sports",
-              "beauty", "travel", "pets", "music", "home"]
+CATEGORIES = [
+    "groceries",
+    "electronics",
+    "books",
+    "fashion",
+    "toys",
+    "garden",
+    "sports",
+    "beauty",
+    "travel",
+    "pets",
+    "music",
+    "home",
+]
 SYMBOLS = ["AAPL", "MSFT", "NVDA", "TSLA", "AMZN", "GOOG", "META", "SPY"]
 _TEMPLATES = [
     "{s} shares opened higher as the US market open lifted tech stocks",
@@ -55,67 +67,116 @@ def vector_array(matrix: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(flat, matrix.shape[1])
 
 
-def generate(seed: int = 7, *, users: int = 50, merchants: int = 2_000, coupons: int = 6_000,
-             orders: int = 20_000, products: int = 500, news: int = 2_000,
-             now: dt.datetime | None = None) -> dict[str, pa.Table]:
+def generate(
+    seed: int = 7,
+    *,
+    users: int = 50,
+    merchants: int = 2_000,
+    coupons: int = 6_000,
+    orders: int = 20_000,
+    products: int = 500,
+    news: int = 2_000,
+    now: dt.datetime | None = None,
+) -> dict[str, pa.Table]:
     now = now or dt.datetime.now(dt.UTC).replace(microsecond=0)
     rng = np.random.default_rng(seed)
 
     def around(n: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
-        return (CENTER[0] + rng.uniform(-spread, spread, n), CENTER[1] + rng.uniform(-spread, spread, n))
+        return (
+            CENTER[0] + rng.uniform(-spread, spread, n),
+            CENTER[1] + rng.uniform(-spread, spread, n),
+        )
 
     # live locations: three pings per user, the last one is where the user is now
     pings = 3
     lat, lon = around(users * pings, 0.03)
-    loc = pa.table({
-        "user_id": np.repeat(np.arange(1, users + 1), pings).astype(np.int64),
-        "lat": lat, "lon": lon,
-        "ts": pa.array([now - dt.timedelta(minutes=10 * (pings - 1 - i % pings)) for i in range(users * pings)],
-                       pa.timestamp("us", tz="UTC")),
-    })
+    loc = pa.table(
+        {
+            "user_id": np.repeat(np.arange(1, users + 1), pings).astype(np.int64),
+            "lat": lat,
+            "lon": lon,
+            "ts": pa.array(
+                [
+                    now - dt.timedelta(minutes=10 * (pings - 1 - i % pings))
+                    for i in range(users * pings)
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
     mlat, mlon = around(merchants, 0.03)
-    merch = pa.table({
-        "id": np.arange(1, merchants + 1, dtype=np.int64),
-        "name": [f"merchant-{i:05d}" for i in range(1, merchants + 1)],
-        "status": rng.choice(["active", "active", "active", "active", "closed"], merchants),
-        "lat": mlat, "lon": mlon,
-        "geo_hash": geo_hash(pa.array(mlat), pa.array(mlon), 6),
-    })
-    coup = pa.table({
-        "merchant_id": rng.integers(1, merchants + 1, coupons).astype(np.int64),
-        "discount": rng.integers(5, 60, coupons).astype(np.int64),
-        "code": [f"C{i:06d}" for i in range(coupons)],
-        "expires_at": pa.array([now + dt.timedelta(days=int(d)) for d in rng.integers(-10, 30, coupons)],
-                               pa.timestamp("us", tz="UTC")),
-    })
-    order_tab = pa.table({
-        "id": np.arange(1, orders + 1, dtype=np.int64),
-        "user_id": rng.integers(1, users + 1, orders).astype(np.int64),
-        "product_id": rng.integers(1, products + 1, orders).astype(np.int64),
-        "amount": np.round(rng.gamma(2.0, 20.0, orders), 2),
-        "ordered_at": pa.array([now - dt.timedelta(minutes=int(m)) for m in rng.integers(0, 30 * 24 * 60, orders)],
-                               pa.timestamp("us", tz="UTC")),
-    })
-    cats = pa.table({
-        "product_id": np.arange(1, products + 1, dtype=np.int64),
-        "category": rng.choice(CATEGORIES, products),
-    })
+    merch = pa.table(
+        {
+            "id": np.arange(1, merchants + 1, dtype=np.int64),
+            "name": [f"merchant-{i:05d}" for i in range(1, merchants + 1)],
+            "status": rng.choice(["active", "active", "active", "active", "closed"], merchants),
+            "lat": mlat,
+            "lon": mlon,
+            "geo_hash": geo_hash(pa.array(mlat), pa.array(mlon), 6),
+        }
+    )
+    coup = pa.table(
+        {
+            "merchant_id": rng.integers(1, merchants + 1, coupons).astype(np.int64),
+            "discount": rng.integers(5, 60, coupons).astype(np.int64),
+            "code": [f"C{i:06d}" for i in range(coupons)],
+            "expires_at": pa.array(
+                [now + dt.timedelta(days=int(d)) for d in rng.integers(-10, 30, coupons)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    order_tab = pa.table(
+        {
+            "id": np.arange(1, orders + 1, dtype=np.int64),
+            "user_id": rng.integers(1, users + 1, orders).astype(np.int64),
+            "product_id": rng.integers(1, products + 1, orders).astype(np.int64),
+            "amount": np.round(rng.gamma(2.0, 20.0, orders), 2),
+            "ordered_at": pa.array(
+                [now - dt.timedelta(minutes=int(m)) for m in rng.integers(0, 30 * 24 * 60, orders)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    cats = pa.table(
+        {
+            "product_id": np.arange(1, products + 1, dtype=np.int64),
+            "category": rng.choice(CATEGORIES, products),
+        }
+    )
     syms = rng.choice(SYMBOLS, news)
-    bodies = [_TEMPLATES[int(t)].format(s=s) for t, s in zip(rng.integers(0, len(_TEMPLATES), news), syms)]
-    news_tab = pa.table({
-        "id": [f"n{i:06d}" for i in range(news)],
-        "published_at": pa.array([now - dt.timedelta(seconds=int(s)) for s in rng.integers(0, 2 * 86_400, news)],
-                                 pa.timestamp("us", tz="UTC")),
-        "symbol": syms,
-        "body": bodies,
-        "embedding": vector_array(hash_embed(bodies)),
-    })
+    bodies = [
+        _TEMPLATES[int(t)].format(s=s) for t, s in zip(rng.integers(0, len(_TEMPLATES), news), syms)
+    ]
+    news_tab = pa.table(
+        {
+            "id": [f"n{i:06d}" for i in range(news)],
+            "published_at": pa.array(
+                [now - dt.timedelta(seconds=int(s)) for s in rng.integers(0, 2 * 86_400, news)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "symbol": syms,
+            "body": bodies,
+            "embedding": vector_array(hash_embed(bodies)),
+        }
+    )
     # risk policies: weights over the agent's context [intent, risk, urgency]
-    policies = pa.table({
-        "policy": ["fraud_review", "escalate_to_human", "auto_approve_block"],
-        "weights": vector_array(np.array([[0.2, 0.7, 0.1], [0.1, 0.3, 0.6], [-0.5, 0.9, 0.2]], dtype=np.float32)),
-        "threshold": [0.5, 0.6, 0.3],
-        "active": [True, True, True],
-    })
-    return {"location_stream": loc, "merchants": merch, "coupons": coup, "orders": order_tab,
-            "categories": cats, "news": news_tab, "risk_policies": policies}
+    policies = pa.table(
+        {
+            "policy": ["fraud_review", "escalate_to_human", "auto_approve_block"],
+            "weights": vector_array(
+                np.array([[0.2, 0.7, 0.1], [0.1, 0.3, 0.6], [-0.5, 0.9, 0.2]], dtype=np.float32)
+            ),
+            "threshold": [0.5, 0.6, 0.3],
+            "active": [True, True, True],
+        }
+    )
+    return {
+        "location_stream": loc,
+        "merchants": merch,
+        "coupons": coup,
+        "orders": order_tab,
+        "categories": cats,
+        "news": news_tab,
+        "risk_policies": policies,
+    }

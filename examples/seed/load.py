@@ -10,6 +10,7 @@ names can be changed with the FABRIC_* variables that ``environment()`` returns.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -68,7 +69,9 @@ def load_mysql(url: str, tables: Mapping[str, pa.Table]) -> None:
                     if isinstance(v, dt.datetime):
                         r[k] = v.astimezone(dt.UTC).replace(tzinfo=None)
             cols = table.column_names
-            stmt = sa.text(f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})")
+            stmt = sa.text(
+                f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"
+            )
             for i in range(0, len(rows), 5_000):
                 c.execute(stmt, rows[i : i + 5_000])
     eng.dispose()
@@ -90,18 +93,21 @@ def s3_filesystem(env: Mapping[str, str]):
 
     endpoint = env["FABRIC_S3_ENDPOINT"]
     scheme, _, host = endpoint.partition("://")
-    return fs.S3FileSystem(access_key=env["FABRIC_S3_ACCESS_KEY"], secret_key=env["FABRIC_S3_SECRET_KEY"],
-                           endpoint_override=host, scheme=scheme, region="us-east-1")
+    return fs.S3FileSystem(
+        access_key=env["FABRIC_S3_ACCESS_KEY"],
+        secret_key=env["FABRIC_S3_SECRET_KEY"],
+        endpoint_override=host,
+        scheme=scheme,
+        region="us-east-1",
+    )
 
 
 def load_s3(env: Mapping[str, str], bucket: str, categories: pa.Table, policies: pa.Table) -> None:
     import pyarrow.parquet as pq
 
     s3 = s3_filesystem(env)
-    try:
+    with contextlib.suppress(OSError):  # the bucket exists already
         s3.create_dir(bucket)
-    except OSError:
-        pass
     with s3.open_output_stream(f"{bucket}/categories.csv") as out:
         pacsv.write_csv(categories, out)
     pq.write_table(policies, f"{bucket}/risk_policies.parquet", filesystem=s3)
@@ -113,8 +119,16 @@ def _json_default(v: object) -> object:
     raise TypeError(type(v))
 
 
-def produce(bootstrap: str, topic: str, table: pa.Table, key: str, *, recreate: bool = True, partitions: int = 2,
-            flush_every: int = 10_000) -> int:
+def produce(
+    bootstrap: str,
+    topic: str,
+    table: pa.Table,
+    key: str,
+    *,
+    recreate: bool = True,
+    partitions: int = 2,
+    flush_every: int = 10_000,
+) -> int:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -135,11 +149,18 @@ def produce(bootstrap: str, topic: str, table: pa.Table, key: str, *, recreate: 
                 import time
 
                 time.sleep(0.1)
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                  "queue.buffering.max.messages": max(100_000, flush_every + 1)})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "queue.buffering.max.messages": max(100_000, flush_every + 1),
+        }
+    )
     n = 0
     for row in table.to_pylist():
-        p.produce(topic, key=str(row[key]).encode(), value=json.dumps(row, default=_json_default).encode())
+        p.produce(
+            topic, key=str(row[key]).encode(), value=json.dumps(row, default=_json_default).encode()
+        )
         n += 1
         if n % flush_every == 0:
             p.flush()
@@ -152,7 +173,12 @@ def load_all(env: Mapping[str, str], data: Mapping[str, pa.Table]) -> dict[str, 
     load_mysql(env["FABRIC_SHOP_URL"], {"merchants": data["merchants"], "orders": data["orders"]})
     load_mongo(env["FABRIC_MONGO_URL"], env["FABRIC_CRM_DB"], data["coupons"])
     load_s3(env, env["FABRIC_LAKE_BUCKET"], data["categories"], data["risk_policies"])
-    produce(env["FABRIC_KAFKA_BOOTSTRAP"], env["FABRIC_LOCATION_TOPIC"], data["location_stream"], "user_id")
+    produce(
+        env["FABRIC_KAFKA_BOOTSTRAP"],
+        env["FABRIC_LOCATION_TOPIC"],
+        data["location_stream"],
+        "user_id",
+    )
     produce(env["FABRIC_KAFKA_BOOTSTRAP"], env["FABRIC_NEWS_TOPIC"], data["news"], "id")
     return {k: v.num_rows for k, v in data.items()}
 

@@ -51,14 +51,20 @@ class Freshness:
 @dataclass(frozen=True)
 class Plan:
     def children(self) -> tuple[Plan, ...]:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Plan))
+        return tuple(
+            getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), Plan)
+        )
 
     @property
     def schema(self) -> pa.Schema:
         raise NotImplementedError
 
     def with_children(self, *children: Plan) -> Plan:
-        names = [f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Plan)]
+        names = [
+            f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Plan)
+        ]
         return dataclasses.replace(self, **dict(zip(names, children, strict=True)))
 
     def walk(self) -> Iterator[Plan]:
@@ -192,7 +198,9 @@ class VectorSearch(Plan):
         return _qualify(self.alias, s.append(pa.field(self.distance_column, pa.float32())))
 
     def header(self) -> str:
-        parts = [f"VectorSearch: {self.alias} <- {self.uri} nearest({self.column}, {self.query}) k={self.k}"]
+        parts = [
+            f"VectorSearch: {self.alias} <- {self.uri} nearest({self.column}, {self.query}) k={self.k}"
+        ]
         if self.metric:
             parts.append(f"metric={self.metric}")
         if self.projection is not None:
@@ -272,7 +280,8 @@ class Project(Plan):
 
     def header(self) -> str:
         return "Project: " + ", ".join(
-            str(e) if isinstance(e, Column) and e.name == n.split(".")[-1] else f"{e} as {n}" for n, e, _ in self.items
+            str(e) if isinstance(e, Column) and e.name == n.split(".")[-1] else f"{e} as {n}"
+            for n, e, _ in self.items
         )
 
 
