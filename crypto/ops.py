@@ -496,7 +496,11 @@ def threshold_margin(t: float, lo: float, hi: float, degree: int = 15, eps: floa
 
 
 def polyval(
-    ctx: PublicContext, enc: Any, coeffs: Sequence[float], lo: float = -1.0, hi: float = 1.0
+    ctx: PublicContext,
+    enc: Any,
+    coeffs: Sequence[float] | np.ndarray,
+    lo: float = -1.0,
+    hi: float = 1.0,
 ) -> EncryptedVector:
     """Evaluate ``sum_k coeffs[k] * T_k(u)``, ``u = (2x - lo - hi)/(hi - lo)`` (Chebyshev
     series on ``[lo, hi]``, e.g. from ``numpy.polynomial.Chebyshev.fit(...).coef``)."""

@@ -297,7 +297,7 @@ def _source_body(
         freshness = make_freshness(
             [(str(k), fm[k], y.value_span(fm, k)) for k in fm], y.key_span(m, "freshness")
         )
-    derive = ()
+    derive: tuple[DeriveItem, ...] = ()
     if "derive" in m:
         y.mapping(m, "derive", "derive")
         derive = tuple(

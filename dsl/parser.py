@@ -106,7 +106,7 @@ def _sp(meta: Any) -> Span | None:
 
 def _tsp(tok: Token) -> Span | None:
     pos = _ctx.pos
-    if pos is None or tok.start_pos is None:
+    if pos is None or tok.start_pos is None or tok.end_pos is None:
         return None
     return pos.span(tok.start_pos, tok.end_pos)
 
@@ -217,7 +217,7 @@ class _ToAst(Transformer):
     def param(self, meta, c):
         return _param(c[0])
 
-    def call(self, meta, c):
+    def call(self, meta: Any, c: list[Any]) -> A.Call:
         fname: Name = c[0]
         distinct = c[1] is not None
         args = tuple(a for a in c[2:] if a is not None)
@@ -368,7 +368,7 @@ class _ToAst(Transformer):
             ),
         )
 
-    def option(self, meta, c):
+    def option(self, meta: Any, c: list[Any]) -> tuple[str, Any, Span | None]:
         key: Name = c[0]
         v = c[2]
         if isinstance(v, Name):
@@ -462,7 +462,7 @@ class _ToAst(Transformer):
             ),
         )
 
-    def binding_start(self, meta, c):
+    def binding_start(self, meta: Any, c: list[Any]) -> BindingSpec:
         kw: dict[str, Any] = {}
         sources = []
         for item in c:

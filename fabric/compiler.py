@@ -200,8 +200,8 @@ class BindingFiles:
             present = set(paths)
             for p in list(self._files):
                 if p not in present:
-                    st = self._files.pop(p)
-                    for name in st.specs:
+                    gone = self._files.pop(p)
+                    for name in gone.specs:
                         if self._owner.get(name) == p:
                             self._owner.pop(name, None)
                             self._compiled.pop(name, None)

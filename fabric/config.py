@@ -257,9 +257,9 @@ class FabricConfig:
             p = Path(pattern)
             base = p if p.is_absolute() else self.root / p
             if any(ch in pattern for ch in "*?["):
-                for f in sorted(glob.glob(str(base), recursive=True)):
-                    if Path(f).is_file() and Path(f).resolve() != skip:
-                        out[Path(f)] = None
+                for match in sorted(glob.glob(str(base), recursive=True)):
+                    if Path(match).is_file() and Path(match).resolve() != skip:
+                        out[Path(match)] = None
             elif base.is_dir():
                 for f in sorted(base.rglob("*")):
                     if f.suffix in (".yaml", ".yml") and f.is_file() and f.resolve() != skip:

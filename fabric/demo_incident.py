@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,17 +73,18 @@ def run(env: dict[str, str], check: Any) -> None:
     sched = Scheduler(gpus=2, log=log)
     stop = threading.Event()
     listen_udp(sched, "127.0.0.1", port, stop)
-    events: list[dict[str, Any]] = []
+    events: list[Mapping[str, Any]] = []
     orig = sched.on_signal
 
-    def on_signal(ev: dict[str, Any]) -> None:
-        if ev.get("event") in ("data_stale", "data_fresh"):
-            events.append(ev)
+    def on_signal(event: Mapping[str, Any]) -> None:
+        if event.get("event") in ("data_stale", "data_fresh"):
+            events.append(event)
             log(
-                f"signal  {ev['event']} ({ev.get('scope', 'source')}) source={ev.get('source')} "
-                f"bindings={ev.get('bindings')} lag={ev.get('lag_messages')} messages"
+                f"signal  {event['event']} ({event.get('scope', 'source')}) "
+                f"source={event.get('source')} bindings={event.get('bindings')} "
+                f"lag={event.get('lag_messages')} messages"
             )
-        orig(ev)
+        orig(event)
 
     sched.on_signal = on_signal  # type: ignore[method-assign]
     for name, binding in [

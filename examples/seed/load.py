@@ -18,6 +18,7 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -80,7 +81,7 @@ def load_mysql(url: str, tables: Mapping[str, pa.Table]) -> None:
 def load_mongo(url: str, db: str, coupons: pa.Table) -> None:
     import pymongo
 
-    client = pymongo.MongoClient(url, tz_aware=True)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
     client.drop_database(db)
     coll = client[db]["coupons"]
     coll.insert_many(coupons.to_pylist(), ordered=False)

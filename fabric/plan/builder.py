@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast as pyast
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -230,7 +231,7 @@ class _Builder:
                     )
                 )
             seen[s.alias.value] = s
-            view = self.attempt(lambda s=s: self.catalog.resolve(s.uri, s.uri_span))
+            view = self.attempt(partial(self.catalog.resolve, s.uri, s.uri_span))
             if view is not None:
                 self.views[s.alias.value] = view
                 self.cols[s.alias.value] = _columns(view.schema, self.nested, s.alias.value)
@@ -241,7 +242,7 @@ class _Builder:
         deferred: list[tuple[A.Expr, set[str]]] = []
         for s in spec.sources:
             alias = s.alias.value
-            leaf, cross = self.attempt(lambda s=s: self.source_plan(s), (None, []))
+            leaf, cross = self.attempt(partial(self.source_plan, s), (None, []))
             deferred.extend(cross)
             if leaf is None:
                 joined.append(alias)
@@ -257,7 +258,7 @@ class _Builder:
                     )
                 plan = leaf
             else:
-                on = self.attempt(lambda s=s: self.join_condition(s, joined))
+                on = self.attempt(partial(self.join_condition, s, joined))
                 if on is not None:
                     plan = N.Join(plan, leaf, on, s.join.how if s.join else "inner")
             joined.append(alias)
@@ -306,7 +307,9 @@ class _Builder:
             derived.append((f"{alias}.{name}", e, t))
             self.cols[alias][name] = t
         scope = [a for a in self.spec_aliases() if a in self.cols]
-        local, local_derived, cross = [], [], []
+        local: list[A.Expr] = []
+        local_derived: list[A.Expr] = []
+        cross: list[tuple[A.Expr, set[str]]] = []
         for w in s.where:
             for conj in A.conjuncts(w):
                 e = self._qualify_where(conj, alias, scope)
@@ -469,7 +472,7 @@ class _Builder:
         items = self.attempt(lambda: self.select_items(joined), [])
         group = []
         for g in spec.group_by:
-            ge = self.attempt(lambda g=g: self._group_key(g, joined))
+            ge = self.attempt(partial(self._group_key, g, joined))
             if ge is not None:
                 group.append(ge)
         self.fail_if_problems()
@@ -482,9 +485,7 @@ class _Builder:
         sort_keys = []
         for k in spec.order_by:
             sk = self.attempt(
-                lambda k=k: self.sort_key(
-                    k, joined, items, post_env, key_map, aggregating, encrypted
-                )
+                partial(self.sort_key, k, joined, items, post_env, key_map, aggregating, encrypted)
             )
             if sk is not None:
                 sort_keys.append(sk)
@@ -494,12 +495,12 @@ class _Builder:
         proj: list[tuple[str, A.Expr, pa.DataType]] = []
         for name, e, span in items:
             if name in encrypted:
-                score = self.attempt(lambda e=e, span=span: self.encrypted_score(e, span, post_env))
+                score = self.attempt(partial(self.encrypted_score, e, span, post_env))
                 if score is not None:
                     plan = N.EncryptedScore(plan, name, score[0], score[1])
                     proj.append((name, A.Column(name, span=e.span), pa.binary()))
                 continue
-            t = self.attempt(lambda e=e: infer(e, post_env))
+            t = self.attempt(partial(infer, e, post_env))
             if t is not None:
                 proj.append((name, e, t))
         self.fail_if_problems()
@@ -537,7 +538,7 @@ class _Builder:
                         names[name] = it.span
                         out.append((name, expr, it.span))
                 continue
-            q = self.attempt(lambda e=e: self.qualify(e, joined, None, "select"))
+            q = self.attempt(partial(self.qualify, e, joined, None, "select"))
             if q is None:
                 continue
             if it.alias:
@@ -603,20 +604,20 @@ class _Builder:
 
         for name, e, _span in items:
             if isinstance(e, A.Call) and e.is_aggregate:
-                self.attempt(lambda e=e, name=name: add_agg(e, name))
+                self.attempt(partial(add_agg, e, name))
             else:
                 for c in _agg_calls(e):
-                    self.attempt(lambda c=c: add_agg(c, None))
+                    self.attempt(partial(add_agg, c, None))
         for k in self.spec.order_by:
             for c in _agg_calls(k.expr):
-                q = self.attempt(lambda c=c: self.qualify(c, list(self.cols), None, "order_by"))
+                q = self.attempt(partial(self.qualify, c, list(self.cols), None, "order_by"))
                 if q is not None:
-                    self.attempt(lambda q=q: add_agg(q, None))
+                    self.attempt(partial(add_agg, q, None))
         self.fail_if_problems()
         agg_map: dict[A.Expr, A.Expr] = {c: A.Column(n, span=c.span) for c, n in agg_names.items()}
         new_items = []
         for name, e, span in items:
-            r = self.attempt(lambda e=e: self.over_aggregate(e, key_map, agg_map, "select"))
+            r = self.attempt(partial(self.over_aggregate, e, key_map, agg_map, "select"))
             if r is not None:
                 new_items.append((name, r, span))
         self.fail_if_problems()
@@ -670,7 +671,7 @@ class _Builder:
         q = self.qualify(e, joined, None, "order_by")
         self.check_not_encrypted(q, "order_by")
         if aggregating:
-            agg_only = {
+            agg_only: dict[A.Expr, A.Expr] = {
                 x: y for x, y in key_map.items() if isinstance(x, A.Call) and x.is_aggregate
             }
             q = self.over_aggregate(
@@ -728,10 +729,7 @@ class _Builder:
                 "def run(table):  # pyarrow.Table in, pyarrow.Table out",
             )
         # the sandbox's static layer (forbidden imports, dunder access, ...) at compile time
-        try:
-            from fabric.sandbox import check_snippet
-        except ImportError:  # the sandbox module is optional at plan time
-            check_snippet = None
+        check_snippet = _sandbox_checker()
         if check_snippet is not None:
             diags = check_snippet(pd.python, file=pd.file, line=pd.line, col=pd.col)
             if diags:
@@ -794,6 +792,16 @@ def _rebuild(e: A.Expr, fn: Callable[[A.Expr], A.Expr]) -> A.Expr:
         elif isinstance(v, tuple) and any(isinstance(x, A.Expr) for x in v):
             changes[f.name] = tuple(fn(x) if isinstance(x, A.Expr) else x for x in v)
     return dataclasses.replace(e, **changes) if changes else e
+
+
+def _sandbox_checker() -> Callable[..., list[Diagnostic]] | None:
+    """The sandbox's ``check_snippet``, or None when the sandbox module is not installed
+    (it is optional at plan time)."""
+    try:
+        from fabric.sandbox import check_snippet
+    except ImportError:
+        return None
+    return check_snippet
 
 
 def _star_item(source: str | None):
