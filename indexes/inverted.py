@@ -3,21 +3,30 @@
 Text columns are tokenized like ``match()`` in ``connectors.arrow_expr`` (lower-cased
 ``\\w+`` words), so an indexed ``match(body, 'fed rates')`` and the same predicate applied
 by pyarrow agree row for row. List columns (tags) index every word of every element.
+
+Batch writes are vectorized (``token_pairs``): ASCII values, the common case, are
+lower-cased and split by ``[^A-Za-z0-9_]+`` in pyarrow (for ASCII text that is exactly
+Python's ``\\w+`` plus ``str.lower``); the (token, row) pairs are dictionary-encoded and
+sorted with numpy, and each distinct token's bitmap is built or extended in one call.
+Values holding non-ASCII characters go through ``match_tokens`` itself, one value at a
+time, because Unicode ``\\w`` and lower-casing differ between Python and RE2/utf8proc.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from connectors.arrow_expr import match_tokens
 from indexes.btree import bitmap_of
 from indexes.spec import DatasetError
+
+_NON_WORD_ASCII = r"[^A-Za-z0-9_]+"
 
 
 def check_type(column: str, t: pa.DataType) -> None:
@@ -31,6 +40,7 @@ def check_type(column: str, t: pa.DataType) -> None:
 
 
 def doc_tokens(value: Any) -> set[str]:
+    """The tokens of one value (a string, a list of strings or None), as a set."""
     if value is None:
         return set()
     if isinstance(value, str):
@@ -42,6 +52,72 @@ def doc_tokens(value: Any) -> set[str]:
     return out
 
 
+def token_pairs(
+    rowids: np.ndarray, values: pa.Array | pa.ChunkedArray
+) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """Every (token, row) occurrence of a column: (distinct tokens, token index per pair,
+    row id per pair). Pairs may repeat (a word twice in a document); bitmaps ignore that."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    rowids = np.asarray(rowids, dtype=np.int64)
+    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+        parents = rowids[pc.list_parent_indices(values).to_numpy()]
+        values = pc.list_flatten(values)
+    else:
+        parents = rowids
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if pa.types.is_large_string(values.type):
+        values = values.cast(pa.string())
+    ascii_ = pc.fill_null(pc.string_is_ascii(values), True).to_numpy(zero_copy_only=False)
+    extra_tok: list[str] = []
+    extra_row: list[int] = []
+    if not ascii_.all():  # exact Python tokenization for the non-ASCII values
+        odd = np.flatnonzero(~ascii_)
+        for i, v in zip(odd.tolist(), values.take(pa.array(odd)).to_pylist()):
+            toks = set(match_tokens(v))
+            extra_tok.extend(toks)
+            extra_row.extend([int(parents[i])] * len(toks))
+        keep = np.flatnonzero(ascii_)
+        values, parents = values.take(pa.array(keep)), parents[keep]
+    lists = pc.split_pattern_regex(pc.ascii_lower(values), _NON_WORD_ASCII)
+    rows = parents[pc.list_parent_indices(lists).to_numpy()]
+    flat = pc.list_flatten(lists)
+    nonempty = pc.greater(pc.binary_length(flat), 0)
+    toks = pc.filter(flat, nonempty)
+    rows = rows[nonempty.to_numpy(zero_copy_only=False)]
+    if extra_tok:
+        toks = pa.concat_arrays([toks, pa.array(extra_tok, pa.string())])
+        rows = np.concatenate([rows, np.array(extra_row, dtype=np.int64)])
+    enc = pc.dictionary_encode(toks)
+    return enc.dictionary, enc.indices.to_numpy(zero_copy_only=False), rows
+
+
+def grouped(
+    rowids: np.ndarray, values: pa.Array | pa.ChunkedArray
+) -> tuple[list[str], list[int], list[str], list[np.ndarray]]:
+    """The column's postings for one batch, split for speed (most tokens of a batch,
+    e.g. numbers and names, occur in one row only): (tokens held by one row, that row)
+    and (tokens held by several rows, their sorted uint32 row ids)."""
+    dictionary, codes, rows = token_pairs(rowids, values)
+    if not len(codes):
+        return [], [], [], []
+    if len(rows) > 1 and bool((np.diff(rows) < 0).any()):
+        order = np.lexsort((rows, codes))  # by token, then row id
+    else:  # rows ascending already (row order): a stable sort by token keeps them so
+        order = np.argsort(codes, kind="stable")
+    codes, rows = codes[order], rows[order]
+    starts = np.flatnonzero(np.diff(codes, prepend=-1))
+    counts = np.diff(np.append(starts, len(codes)))
+    one = counts == 1
+    s1, sn = starts[one], starts[~one]
+    toks1 = dictionary.take(pa.array(codes[s1])).to_pylist()
+    toksn = dictionary.take(pa.array(codes[sn])).to_pylist()
+    rows = rows.astype(np.uint32)
+    multi = [rows[s : s + c] for s, c in zip(sn.tolist(), counts[~one].tolist())]
+    return toks1, rows[s1].tolist(), toksn, multi
+
+
 class InvertedIndex:
     def __init__(self, column: str, type_: pa.DataType):
         check_type(column, type_)
@@ -50,26 +126,43 @@ class InvertedIndex:
         self.postings: dict[str, BitMap] = {}
 
     def add(self, rowids: np.ndarray, values: pa.Array | pa.ChunkedArray) -> None:
-        acc: dict[str, list[int]] = defaultdict(list)
-        for rid, v in zip(rowids.tolist(), values.to_pylist()):
-            for t in doc_tokens(v):
-                acc[t].append(rid)
-        for t, ids in acc.items():
-            bm = self.postings.get(t)
-            new = bitmap_of(np.array(ids, dtype=np.uint32))
+        """Index ``values[i]`` under row id ``rowids[i]`` (one vectorized pass per batch)."""
+        postings = self.postings
+        toks1, rows1, toksn, groups = grouped(rowids, values)
+        for tok, r in zip(toks1, rows1):
+            bm = postings.get(tok)
             if bm is None:
-                self.postings[t] = new
+                postings[tok] = BitMap((r,))
+            else:
+                bm.add(r)
+        for tok, ids in zip(toksn, groups):
+            new = bitmap_of(ids) if len(ids) > 64 else BitMap(ids.tolist())
+            bm = postings.get(tok)
+            if bm is None:
+                postings[tok] = new
             else:
                 bm |= new
 
-    def remove(self, rowids: Iterable[int], values: Sequence[object]) -> None:
-        for rid, v in zip(rowids, values):
-            for t in doc_tokens(v):
-                bm = self.postings.get(t)
-                if bm is not None:
-                    bm.discard(int(rid))
-                    if not bm:
-                        del self.postings[t]
+    def remove(
+        self, rowids: Iterable[int], values: Sequence[object] | pa.Array | pa.ChunkedArray
+    ) -> None:
+        """Drop row ids from the postings of the tokens their (old) values held."""
+        ids = np.fromiter((int(r) for r in rowids), dtype=np.int64)
+        if not isinstance(values, pa.Array | pa.ChunkedArray):
+            values = pa.array(list(values), self.type)
+        toks1, rows1, toksn, groups = grouped(ids, values)
+        for tok, r in zip(toks1, rows1):
+            bm = self.postings.get(tok)
+            if bm is not None:
+                bm.discard(r)
+                if not bm:
+                    del self.postings[tok]
+        for tok, rows in zip(toksn, groups):
+            bm = self.postings.get(tok)
+            if bm is not None:
+                bm -= bitmap_of(rows)
+                if not bm:
+                    del self.postings[tok]
 
     def df(self, token: str) -> int:
         """Document frequency of one token (exact)."""
