@@ -14,7 +14,10 @@ at all.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +33,7 @@ from indexes.rwlock import RWLock
 from indexes.spec import DatasetError, IndexSpec
 
 FORMAT_VERSION = 1
+log = logging.getLogger("indexes.dataset")
 
 
 class Dataset:
@@ -41,6 +45,9 @@ class Dataset:
         indexes: Mapping[str, IndexSpec | str | dict],
         *,
         fold_rows: int = 2048,
+        background_fold: bool = True,
+        max_growing: int = 50_000,
+        fold_lock_ms: float = 20.0,
     ):
         if key not in schema.names:
             raise DatasetError(
@@ -80,6 +87,16 @@ class Dataset:
         self.cost_model: Any = None  # indexes.cost.CostModel, loaded lazily
         self.feedback: dict[str, dict[str, float]] = {}  # filter -> strategy -> learned cost factor
         self.version = 0
+        # growing segments are folded into the HNSW graphs by a background thread, in
+        # chunks of about fold_lock_ms under the write lock; a write waits while a segment
+        # holds more than max_growing rows (backpressure)
+        self.background_fold = background_fold
+        self.max_growing = max_growing
+        self.fold_lock_ms = fold_lock_ms
+        self._fold_wake = threading.Event()
+        self._fold_cond = threading.Condition()
+        self._folder: threading.Thread | None = None
+        self._closed = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -136,6 +153,8 @@ class Dataset:
             table = table.take(pa.array(sorted(last.values()), pa.int64()))
             keys = table.column(self.key).to_pylist()
         mats = {c: to_matrix(c, table.column(c), v.dim) for c, v in self.vectors.items()}
+        if mats and self.background_fold:
+            self._backpressure()
         with self.lock.write():
             old = [self.rowid_of[k] for k in keys if k in self.rowid_of]
             if old and not replace:
@@ -170,8 +189,11 @@ class Dataset:
                 inv.add(rowids, table.column(c))
             for c, vi in self.vectors.items():
                 vi.append(start, mats[c])
-                vi.fold(self.alive, limit=max(vi.fold_chunk, m))  # bounded stall per write
+                if not self.background_fold:
+                    vi.fold(self.alive, limit=max(vi.fold_chunk, m))  # bounded stall per write
             self.version += 1
+        if mats and self.background_fold:
+            self._kick()
         return m
 
     def delete(self, keys: Iterable[Any]) -> int:
@@ -190,7 +212,7 @@ class Dataset:
         if self.inverted:
             old = self._scalar_table().select(list(self.inverted)).take(pa.array(ids))
             for c, inv in self.inverted.items():
-                inv.remove(rowids, old.column(c).to_pylist())
+                inv.remove(rowids, old.column(c))
         for bt in self.btrees.values():
             bt.remove(rowids)
         for vi in self.vectors.values():
@@ -216,10 +238,85 @@ class Dataset:
             vi.spec = self.specs[column] = dataclasses.replace(vi.spec, ef=ef)
 
     def flush(self) -> None:
-        """Fold every growing segment into its HNSW graph now."""
+        """Fold every growing segment into its HNSW graph now (in this thread)."""
         with self.lock.write():
             for vi in self.vectors.values():
                 vi.fold(self.alive, force=True)
+        with self._fold_cond:
+            self._fold_cond.notify_all()
+
+    # ------------------------------------------------------------------ background fold
+    def growing(self) -> int:
+        """Rows of the largest growing segment (searched exactly, not yet in a graph)."""
+        return max((vi.pending() for vi in self.vectors.values()), default=0)
+
+    def _due_at(self, vi: VectorIndex) -> int:
+        return max(1, min(vi.fold_rows, self.max_growing))
+
+    def _due(self) -> bool:
+        return any(vi.pending() >= self._due_at(vi) for vi in self.vectors.values())
+
+    def _kick(self) -> None:
+        """Wake the folder (started on first use) if a growing segment is due."""
+        if self._closed or not self.background_fold or not self._due():
+            return
+        if self._folder is None or not self._folder.is_alive():
+            self._folder = threading.Thread(
+                target=_fold_loop,
+                args=(weakref.ref(self), self._fold_wake),
+                name=f"fabric-fold-{self.name}",
+                daemon=True,
+            )
+            self._folder.start()
+        self._fold_wake.set()
+
+    def _backpressure(self) -> None:
+        """Block a write while a growing segment exceeds ``max_growing`` rows."""
+        if self.growing() <= self.max_growing:
+            return
+        self._kick()
+        with self._fold_cond:
+            while self.growing() > self.max_growing and self.background_fold:
+                self._fold_cond.wait(0.1)
+
+    def _fold_some(self) -> int:
+        """One bounded fold step on every due segment; returns row ids advanced."""
+        t0 = time.perf_counter()
+        done = 0
+        with self.lock.write():
+            for vi in self.vectors.values():
+                if vi.pending() >= self._due_at(vi):
+                    done += vi.fold_step(self.alive, self.fold_lock_ms)
+        held = time.perf_counter() - t0
+        with self._fold_cond:
+            self._fold_cond.notify_all()
+        if done:  # the lock prefers writers: step aside so waiting queries get in
+            time.sleep(min(0.005, max(0.0005, held / 4)))
+        return done
+
+    def wait_folded(self, timeout: float = 30.0) -> bool:
+        """Wait until no growing segment is due for folding; True if so within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        self._kick()
+        with self._fold_cond:
+            while self._due() and self.background_fold:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._fold_cond.wait(min(left, 0.1))
+        return not self._due()
+
+    def close(self) -> None:
+        """Stop the background folder (the dataset stays readable and writable; writes
+        then fold on the write path)."""
+        self._closed = True
+        self.background_fold = False
+        self._fold_wake.set()
+        if self._folder is not None:
+            self._folder.join(10)
+            self._folder = None
+        with self._fold_cond:
+            self._fold_cond.notify_all()
 
     def compact(self) -> None:
         """Rewrite without tombstones (new row ids, indexes rebuilt). Costly; run when idle."""
@@ -231,10 +328,13 @@ class Dataset:
                 self.key,
                 self.specs,
                 fold_rows=next(iter(self.vectors.values())).fold_rows if self.vectors else 2048,
+                background_fold=False,
             )
             fresh.upsert(table)
             fresh.flush()
-            keep = {"lock", "directory", "cost_model", "feedback", "version"}
+            keep = {"lock", "directory", "cost_model", "feedback", "version", "background_fold"}
+            keep |= {"max_growing", "fold_lock_ms", "_fold_wake", "_fold_cond", "_folder"}
+            keep.add("_closed")
             for k, v in vars(fresh).items():
                 if k not in keep:
                     setattr(self, k, v)
@@ -391,12 +491,15 @@ class Dataset:
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str) -> None:
-        """Write rows (Arrow IPC), vectors (.npy), graphs (hnswlib), B-trees and postings."""
+        """Write rows (Arrow IPC), vectors (.npy), graphs (hnswlib), B-trees and postings.
+
+        Growing segments are not folded first: their vectors are saved with the others and
+        the graph holds what it holds (``folded`` is saved), so a checkpoint costs disk I/O,
+        not graph inserts; after ``load`` the folder resumes. Readers keep going meanwhile.
+        """
         from indexes import store
 
-        with self.lock.write():
-            for vi in self.vectors.values():
-                vi.fold(self.alive, force=True)
+        with self.lock.read():
             store.save(self, directory)
             self.directory = directory
 
@@ -404,11 +507,34 @@ class Dataset:
     def load(cls, directory: str) -> Dataset:
         from indexes import store
 
-        return store.load(cls, directory)
+        ds = store.load(cls, directory)
+        ds._kick()
+        return ds
 
     def __repr__(self) -> str:
         idx = ", ".join(f"{c}:{s.kind}" for c, s in self.specs.items())
         return f"Dataset({self.name!r}, rows={len(self.live)}, key={self.key!r}, indexes=[{idx}])"
+
+
+def _fold_loop(ref: weakref.ref[Dataset], wake: threading.Event) -> None:
+    """The background folder: fold due growing segments chunk by chunk, sleep otherwise.
+    Holds the dataset only weakly between steps, so an unused dataset can be collected."""
+    while True:
+        ds = ref()
+        if ds is None or ds._closed:
+            return
+        try:
+            done = ds._fold_some()
+        except Exception:  # never die silently with writes waiting on backpressure
+            log.exception("dataset %s: background fold failed; folding on the write path", ds.name)
+            ds.background_fold = False
+            with ds._fold_cond:
+                ds._fold_cond.notify_all()
+            return
+        del ds
+        if not done:
+            wake.wait(1.0)
+            wake.clear()
 
 
 def sample_rowids(ds: Dataset, n: int, rng: np.random.Generator | None = None) -> np.ndarray:

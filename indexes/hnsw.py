@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import hnswlib
@@ -71,6 +72,7 @@ class VectorIndex:
         self.graph.set_ef(spec.ef)
         self.graph.set_num_threads(1)
         self.build_threads = max(1, os.cpu_count() or 1)
+        self.fold_ms_per_row = 0.5  # measured graph insert cost (moving average)
         self._local = threading.local()
 
     # ------------------------------------------------------------------ storage
@@ -105,7 +107,7 @@ class VectorIndex:
         pending = self.n - self.folded
         if pending <= 0 or (pending < self.fold_rows and not force):
             return 0
-        end = self.n if force or limit is None else min(self.n, self.folded + limit)
+        end = self.n if limit is None else min(self.n, self.folded + limit)
         ids = np.arange(self.folded, end)
         ids = ids[alive[self.folded : end]]
         if len(ids):
@@ -119,6 +121,22 @@ class VectorIndex:
             self.in_graph += len(ids)
         self.folded = end
         return len(ids)
+
+    def pending(self) -> int:
+        """Rows in the growing segment (not yet folded into the graph)."""
+        return self.n - self.folded
+
+    def fold_step(self, alive: np.ndarray, target_ms: float) -> int:
+        """Fold the oldest rows of the growing segment for about ``target_ms`` (the chunk is
+        sized from the measured insert cost); returns how many row ids it advanced."""
+        rows = int(min(4096, max(8, target_ms / max(self.fold_ms_per_row, 1e-3))))
+        before = self.folded
+        t0 = time.perf_counter()
+        inserted = self.fold(alive, force=True, limit=rows) if self.pending() else 0
+        if inserted >= 8:
+            ms = (time.perf_counter() - t0) * 1e3 / inserted
+            self.fold_ms_per_row = 0.7 * self.fold_ms_per_row + 0.3 * ms
+        return self.folded - before
 
     def delete(self, rowid: int) -> None:
         if rowid < self.folded:

@@ -336,7 +336,7 @@ def _costs(
     fkey: str,
 ) -> dict[str, Alternative]:
     dim = vi.dim
-    grow = cm.exact_ms(vi.n - vi.folded, dim, True)
+    grow = _growing_ms(vi, cm, pred, cand, c, n)
     mat = 0.0 if pred is None or cand is not None else materialize_ms(pred, cm, n)
     out: dict[str, Alternative] = {}
     scan = cm.fixed_ms("exact") + cm.exact_ms(ds.n, dim, True) + mat
@@ -383,6 +383,25 @@ def _costs(
             note = f"~{visits:.0f} visits, guard fires {p:.0%}"
         out["insearch"] = Alternative("insearch", cm.fixed_ms("insearch") + ins, note)
     return out
+
+
+def _growing_ms(
+    vi: VectorIndex, cm: CostModel, pred: Pred | None, cand: BitMap | None, c: int, n: int
+) -> float:
+    """Cost of the exact scan of the growing segment that every graph strategy adds (it
+    can hold up to ``max_growing`` rows while the background folder catches up): the
+    segment's rows passing the filter, scanned contiguously or gathered, whichever
+    ``exact_on`` will pick, plus evaluating a predicate that has no candidate set."""
+    g = vi.n - vi.folded
+    if g <= 0:
+        return 0.0
+    whole = cm.exact_ms(g, vi.dim, True)
+    if cand is not None:
+        return min(whole, cm.exact_ms(cand.range_cardinality(vi.folded, vi.n), vi.dim, False))
+    if pred is not None:
+        hits = int(g * c / n) if n else g
+        return materialize_ms(pred, cm, n, within=g) + min(whole, cm.exact_ms(hits, vi.dim, False))
+    return whole
 
 
 def _dense(cand: BitMap | None, cm: CostModel) -> bool:

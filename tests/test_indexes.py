@@ -215,6 +215,51 @@ def test_inverted_match_df_and_removal():
         InvertedIndex("x", pa.int64())
 
 
+def test_inverted_batch_tokenization_equals_match_tokens_row_by_row():
+    """The vectorized path (ASCII in pyarrow, the rest through match_tokens) indexes
+    exactly the tokens match() looks for, for strings and list<string>, and removal
+    drops exactly the removed rows."""
+    import random
+
+    from indexes.inverted import doc_tokens
+
+    rnd = random.Random(1)
+    alpha = "abcXYZ09_ -,.'éÉİßΣς日本\u0307\u00b2١\t\n"
+    vals = [
+        None
+        if rnd.random() < 0.1
+        else "".join(rnd.choice(alpha) for _ in range(rnd.randint(0, 20)))
+        for _ in range(3000)
+    ]
+    lists = [
+        None
+        if rnd.random() < 0.1
+        else [None if rnd.random() < 0.1 else rnd.choice(vals) for _ in range(rnd.randint(0, 3))]
+        for _ in range(3000)
+    ]
+    for typ, data in ((pa.string(), vals), (pa.list_(pa.string()), lists)):
+        rowids = np.arange(len(data)) * 3 + 7
+        inv = InvertedIndex("c", typ)
+        inv.add(rowids[:1500], pa.array(data[:1500], typ))
+        inv.add(rowids[1500:], pa.chunked_array([pa.array(data[1500:], typ)]))
+
+        def expected(keep, rowids=rowids, data=data):
+            out: dict[str, set[int]] = {}
+            for r, v in zip(rowids.tolist(), data):
+                if keep(r):
+                    for t in doc_tokens(v):
+                        out.setdefault(t, set()).add(r)
+            return out
+
+        got = {t: set(b) for t, b in inv.postings.items()}
+        assert got == expected(lambda r: True)
+        gone = rowids[::2]
+        inv.remove(gone.tolist(), [data[i] for i in range(0, len(data), 2)])
+        got = {t: set(b) for t, b in inv.postings.items()}
+        gone_set = set(gone.tolist())
+        assert got == expected(lambda r, g=gone_set: r not in g)
+
+
 # --------------------------------------------------------------------------- dataset filters
 
 
@@ -389,7 +434,8 @@ def test_compact_drops_tombstones_and_keeps_results():
 
 
 def test_small_upserts_fold_into_the_graph_in_bounded_chunks():
-    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=300)
+    """Write-path folding (background_fold=False): each write folds a bounded chunk."""
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=300, background_fold=False)
     vi = ds.vectors["emb"]
     vi.fold_chunk = 100
     growing = []
@@ -403,3 +449,81 @@ def test_small_upserts_fold_into_the_graph_in_bounded_chunks():
     for i in range(0, 1000, 37):  # rows found whether in the graph or the growing segment
         res, _ = ds.search("emb", x[i], 1, strategy="postfilter")
         assert res.column("id")[0].as_py() == t.column("id")[i].as_py()
+
+
+def exact_ids(ds: Dataset, q: np.ndarray, k: int) -> list[int]:
+    t = ds.to_table(["id", "emb"])
+    x = np.stack(t.column("emb").to_numpy(zero_copy_only=False))
+    d = ((x - q) ** 2).sum(axis=1)
+    return [t.column("id")[int(i)].as_py() for i in np.argsort(d, kind="stable")[:k]]
+
+
+def test_background_fold_keeps_writes_off_the_graph_and_results_exact():
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=200)
+    vi = ds.vectors["emb"]
+    ds.upsert(make_table(np.arange(3000)))  # returns before the rows are in the graph
+    assert vi.n == 3000 and vi.folded < 3000
+    rng = np.random.default_rng(5)
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def reader():  # while the folder works: every answer equals exact brute force
+        while not stop.is_set():
+            q = rng.standard_normal(DIM).astype(np.float32)
+            got = ds.search("emb", q, 3, strategy="exact")[0].column("id").to_pylist()
+            if got != exact_ids(ds, q, 3):
+                errors.append(f"{got} != {exact_ids(ds, q, 3)}")
+
+    th = threading.Thread(target=reader)
+    th.start()
+    try:
+        assert ds.wait_folded(60)
+    finally:
+        stop.set()
+        th.join()
+    assert not errors
+    assert vi.pending() < 200 and vi.in_graph == vi.folded >= 2800
+    t = ds.to_table(["id", "emb"])
+    x = np.stack(t.column("emb").to_numpy(zero_copy_only=False))
+    for i in range(0, 3000, 101):  # graph + growing segment find each row itself
+        res, _ = ds.search("emb", x[i], 1, strategy="postfilter")
+        assert res.column("id")[0].as_py() == i
+    ds.close()
+    ds.upsert(make_table(np.arange(3000, 3500)))  # closed folder: folds on the write path
+    assert vi.pending() < 200 + 500
+
+
+def test_background_fold_backpressure_bounds_the_growing_segment():
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=100, max_growing=400)
+    vi = ds.vectors["emb"]
+    seen = []
+    for b in range(30):  # 30 writes of 100 rows, faster than the graph takes them
+        ds.upsert(make_table(np.arange(b * 100, (b + 1) * 100), seed=b))
+        seen.append(vi.pending())
+    assert max(seen) <= 400 + 100  # waited for the folder whenever above max_growing
+    assert ds.count() == 3000
+    assert ds.wait_folded(60) and vi.pending() < 100
+
+
+def test_save_keeps_the_growing_segment_as_rows_and_load_resumes_folding(tmp_path):
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=10_000)
+    ds.upsert(make_table(np.arange(1500)))
+    ds.flush()
+    ds.upsert(make_table(np.arange(1500, 2500), seed=3))  # below fold_rows: stays growing
+    ds.delete([1600, 10])
+    vi = ds.vectors["emb"]
+    assert vi.in_graph == 1499 and vi.pending() == 1000
+    ds.save(str(tmp_path / "d"))
+    assert vi.pending() == 1000  # the checkpoint did not fold
+    ds2 = Dataset.load(str(tmp_path / "d"))
+    v2 = ds2.vectors["emb"]
+    assert (v2.in_graph, v2.folded, v2.n) == (1499, 1500, 2500)
+    assert ds2.to_table().sort_by("id").equals(ds.to_table().sort_by("id"))
+    rng = np.random.default_rng(9)
+    for _ in range(5):
+        q = rng.standard_normal(DIM).astype(np.float32)
+        for s in ("postfilter", "exact"):
+            got = ds2.search("emb", q, 5, strategy=s)[0].column("id").to_pylist()
+            assert got == exact_ids(ds2, q, 5), s
+    ds2.max_growing = 500  # a due segment after load is folded in the background
+    assert ds2.wait_folded(60) and v2.pending() < 500 and v2.in_graph == v2.folded - 2
