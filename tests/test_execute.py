@@ -4,6 +4,7 @@ tables (the reference never goes through the fabric's planner or executor)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import duckdb
@@ -187,6 +188,8 @@ def test_source_error_names_binding_and_source(tables) -> None:
 
 def test_timeout_names_the_source(tables) -> None:
     class Slow(world.Picky):
+        in_process = False  # stands for a network source: its unit runs on the scan pool
+
         def scan(self, request):
             time.sleep(2)
             yield from super().scan(request)
@@ -202,6 +205,95 @@ def test_timeout_names_the_source(tables) -> None:
     ):
         execute(plan, {}, cat, binding="b")
     assert time.monotonic() - t0 < 1.5
+
+
+def test_in_process_single_unit_runs_inline_and_still_times_out(tables, ref) -> None:
+    """A lone unit over an in-process source runs on the caller's thread; it cannot be
+    abandoned, so past the timeout it gives the same error once it returns."""
+
+    class Recording(world.Picky):
+        delay = 0.0
+
+        def scan(self, request):
+            self.threads.append(threading.get_ident())
+            time.sleep(self.delay)
+            yield from super().scan(request)
+
+    src = Recording("memory://t/merchants", tables["merchants"], Pushdown.EXACT)
+    src.threads = []
+    cat = world.catalog(tables, merchants=src)
+    plan = optimize(world.single_source(cat), cat)
+    res = execute(plan, {}, cat, binding="b")
+    assert src.threads == [threading.get_ident()]
+    expected = ref.execute(
+        "SELECT name, id FROM merchants WHERE status = 'active' ORDER BY name LIMIT 5"
+    ).fetchall()
+    assert [tuple(r.values()) for r in res.table.to_pylist()] == expected
+
+    cat.scan_timeout, src.delay = 0.05, 0.2
+    with pytest.raises(
+        QueryError, match=r"source m \(memory://t/merchants\): timed out after 0.05 s"
+    ):
+        execute(plan, {}, cat, binding="b")
+    res = execute(plan, {}, cat, binding="b", allow_partial=True)
+    assert (
+        res.partial
+        and res.table.num_rows == 0
+        and "timed out" in res.stats["sources"]["m"]["error"]
+    )
+
+
+def test_multi_source_units_share_one_bounded_pool(tables, ref) -> None:
+    """Units of multi-source plans run on the process-wide pool: no thread per query."""
+    from fabric.execute import POOL_THREADS, scan_pool
+
+    names: set[str] = set()
+
+    class Recording(world.Picky):
+        def scan(self, request):
+            names.add(threading.current_thread().name)
+            yield from super().scan(request)
+
+    sources = {
+        n: Recording(f"memory://t/{n}", tables[n], Pushdown.EXACT)
+        for n in ("locations", "merchants", "coupons")
+    }
+    cat = world.catalog(tables, **sources)
+    plan = optimize(world.nearby_offers(cat), cat)
+    for user in list(USERS)[:6]:
+        res = execute(plan, {"user_id": user}, cat, binding="nearby_offers", now=NOW)
+        assert res.table.to_pylist() == ref_nearby(ref, user)[0]
+    assert names and all(n.startswith("fabric-scan") for n in names)
+    assert threading.get_ident() not in {t.ident for t in scan_pool()._threads}
+    assert len(scan_pool()._threads) <= POOL_THREADS
+    before = threading.active_count()
+    for user in list(USERS)[:6]:
+        execute(plan, {"user_id": user}, cat, binding="nearby_offers", now=NOW)
+    assert threading.active_count() <= max(before, POOL_THREADS + 1)
+
+
+def test_many_concurrent_queries_with_dynamic_filters_do_not_starve_the_pool(tables, ref) -> None:
+    """More concurrent queries than pool threads, each with units waiting on dynamic-filter
+    keys: dependent units are submitted only when their keys are ready, so no pool thread
+    blocks on another unit and every query answers."""
+    import concurrent.futures as cf
+
+    from fabric.execute import POOL_THREADS
+
+    cat = world.catalog(tables)
+    cat.scan_timeout = 20
+    plan = optimize(world.nearby_offers(cat), cat)
+    users = [u % len(USERS) for u in range(3 * POOL_THREADS)]
+    with cf.ThreadPoolExecutor(2 * POOL_THREADS) as callers:
+        got = list(
+            callers.map(
+                lambda u: execute(
+                    plan, {"user_id": u}, cat, binding="b", now=NOW
+                ).table.to_pylist(),
+                users,
+            )
+        )
+    assert got == [ref_nearby(ref, u)[0] for u in users]
 
 
 def test_dynamic_filter_over_max_keys_is_skipped_and_answer_unchanged(tables, ref) -> None:
@@ -462,14 +554,14 @@ def test_missing_hooks_and_params_are_clear_errors(tables) -> None:
 
     cat = world.catalog(tables)
     plan = UserFunction(
-        world.single_source(cat), "def run(t):\n    return t\n", "agents/x.yaml", 12
+        world.single_source(cat), "def run(t):\n    return t\n", "agents/x.yaml", 12, 7
     )
     with pytest.raises(QueryError, match="needs a sandbox"):
         execute(optimize(plan, cat), {}, cat, binding="b")
 
     class Sandbox:
         def run(self, code, table, **kw):
-            assert kw["snippet_origin"] == ("agents/x.yaml", 12) and kw["binding"] == "b"
+            assert kw["snippet_origin"] == ("agents/x.yaml", 12, 7) and kw["binding"] == "b"
             return table.slice(0, 2)
 
     cat.sandbox = lambda: Sandbox()

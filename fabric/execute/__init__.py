@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import datetime as dt
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -85,6 +86,159 @@ def execute(
     ).run()
 
 
+# ---------------------------------------------------------------- the shared scan pool
+
+POOL_THREADS = int(os.environ.get("FABRIC_SCAN_THREADS", "16"))
+"""Threads of the process-wide pool that runs the source units of multi-source plans.
+Scans are I/O-bound (they wait on servers), so more threads than cores pay off; a query
+never blocks a pool thread waiting for another unit (dependent units are submitted when
+their keys are ready), so a busy pool queues work but cannot deadlock."""
+
+INLINE_KINDS = frozenset({"dataset", "memory"})
+"""URI kinds whose sources work in process (no network I/O): a single-unit plan over one
+of them runs on the caller's thread. A source can say otherwise with ``in_process``."""
+
+_pool: cf.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def scan_pool() -> cf.ThreadPoolExecutor:
+    """The process-wide pool for source units (created on first use, recreated after fork)."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = cf.ThreadPoolExecutor(
+                    max_workers=max(1, POOL_THREADS), thread_name_prefix="fabric-scan"
+                )
+    return _pool
+
+
+def _forget_pool() -> None:  # a forked child has the pool object but not its threads
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+# ---------------------------------------------------------------- per-plan facts
+
+
+class _ShapeError(Exception):
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """What running a plan needs that does not depend on the session values: its units,
+    their order and dependencies, the parameters it refers to, bound filters and the text
+    of its filters and headers for stats. Computed once per plan object (plans are
+    immutable) and kept on the plan, so a cached compiled binding pays for it once."""
+
+    units: dict[str, Plan]
+    unit_top: dict[int, str]
+    leaves: dict[str, Any]
+    chains: dict[str, tuple[Plan, ...]]  # the Filter/Derive nodes above each leaf, top first
+    deps: dict[str, frozenset[str]]
+    order: tuple[str, ...]  # key-producing units before the units waiting for their keys
+    depth: int
+    params: frozenset[str]
+    filters: dict[
+        str, tuple[Expr, ...]
+    ]  # alias -> exact + inexact (Scan) / filters (VectorSearch), now() bound
+    text: dict[str, dict[str, list[str]]]  # alias -> {"exact", "inexact", "residual", "filters"}
+    headers: dict[int, str]
+
+    @staticmethod
+    def of(plan: Plan) -> _Shape:
+        shape = plan.__dict__.get("_fabric_exec_shape")
+        if shape is None:
+            shape = _Shape._build(plan)
+            object.__setattr__(plan, "_fabric_exec_shape", shape)  # not a field: eq/hash unchanged
+        return shape
+
+    @staticmethod
+    def _build(plan: Plan) -> _Shape:
+        units = _units(plan)
+        leaves: dict[str, Any] = {}
+        chains: dict[str, tuple[Plan, ...]] = {}
+        deps: dict[str, frozenset[str]] = {}
+        filters: dict[str, tuple[Expr, ...]] = {}
+        text: dict[str, dict[str, list[str]]] = {}
+        for alias, top in units.items():
+            chain: list[Plan] = []
+            node = top
+            while not isinstance(node, Scan | VectorSearch):
+                chain.append(node)
+                node = node.children()[0]
+            leaves[alias], chains[alias] = node, tuple(chain)
+            residual = [
+                str(c) for n in chain if isinstance(n, Filter) for c in conjuncts(n.predicate)
+            ]
+            if isinstance(node, Scan):
+                deps[alias] = frozenset(
+                    c.source for d in node.dynamic for c in d.from_expr.columns() if c.source
+                ) - {alias}
+                filters[alias] = tuple(_bind_now(f) for f in (*node.exact, *node.inexact))
+                text[alias] = {
+                    "exact": [str(f) for f in node.exact],
+                    "inexact": [str(f) for f in node.inexact],
+                    "residual": residual,
+                }
+            else:
+                deps[alias] = frozenset()
+                filters[alias] = tuple(_bind_now(unqualify(f)) for f in node.filters)
+                text[alias] = {"filters": [str(f) for f in node.filters], "residual": residual}
+        order = _unit_order(units, deps)
+        memo: dict[str, int] = {}
+
+        def depth(a: str) -> int:
+            if a not in memo:
+                memo[a] = 1 + max((depth(d) for d in deps[a]), default=-1)
+            return memo[a]
+
+        return _Shape(
+            units=units,
+            unit_top={id(top): alias for alias, top in units.items()},
+            leaves=leaves,
+            chains=chains,
+            deps=deps,
+            order=order,
+            depth=max((depth(a) for a in units), default=0),
+            params=frozenset(_plan_params(plan)),
+            filters=filters,
+            text=text,
+            headers={id(n): n.header() for n in plan.walk()},
+        )
+
+
+def _unit_order(units: Mapping[str, Plan], deps: Mapping[str, frozenset[str]]) -> tuple[str, ...]:
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(a: str, stack: tuple[str, ...]) -> None:
+        if a in seen:
+            return
+        if a in stack:
+            raise _ShapeError(
+                f"dynamic filters wait on each other: {' -> '.join((*stack, a))}",
+                "this is an optimizer bug; report the binding",
+            )
+        for d in sorted(deps[a]):
+            if d not in units:
+                raise _ShapeError(f"dynamic filter of {a} needs source {d}, which is not a unit")
+            visit(d, (*stack, a))
+        seen.add(a)
+        order.append(a)
+
+    for a in units:
+        visit(a, ())
+    return tuple(order)
+
+
 class _Run:
     def __init__(
         self,
@@ -103,41 +257,53 @@ class _Run:
         self.analyze = analyze
         self.now = now
         self.allow_partial = allow_partial
-        self.units = _units(plan)
-        self.unit_top = {id(top): alias for alias, top in self.units.items()}
+        try:
+            self.shape = _Shape.of(plan)
+        except _ShapeError as e:
+            raise QueryError(binding, e.message, hint=e.hint) from None
+        self.units = self.shape.units
+        self.unit_top = self.shape.unit_top
         self.node_stats: dict[int, dict[str, Any]] = {}
         self.sources: dict[str, dict[str, Any]] = {}
         self.freshness: dict[str, dict[str, Any]] = {}
-        self.infos: dict[str, str] = {}
+        self.infos: dict[
+            str, Any
+        ] = {}  # alias -> the dataset's retrieval explain (rendered for analyze)
         self.queries: list[str] = []  # DuckDB statements run (placeholders only, no values)
         self.futures: dict[str, cf.Future[pa.Table]] = {}
+        self.done: dict[str, pa.Table] = {}  # units run inline on the caller's thread
         self.waited = 0.0
         self._dep_wait: dict[str, float] = {}  # seconds a unit waited for dynamic-filter keys
         self.partial = False
+        self._cancelled = False
+        self._inner: list[cf.Future[pa.Table]] = []  # pool futures of dependent units
         self._lock = threading.Lock()
         self.timeout = float(getattr(catalog, "scan_timeout", None) or DEFAULT_TIMEOUT)
 
     # ------------------------------------------------------------ driver
     def run(self) -> Result:
         t0 = time.perf_counter()
-        missing = sorted(_plan_params(self.plan) - set(self.params))
+        missing = sorted(self.shape.params.difference(self.params))
         if missing:
             raise QueryError(
                 self.binding,
                 f"session value(s) {', '.join(repr(m) for m in missing)} not bound",
                 hint=f"pass session={{{', '.join(repr(m) + ': ...' for m in missing)}}}",
             )
-        order = self._unit_order()
-        pool = cf.ThreadPoolExecutor(
-            max_workers=max(1, len(order)), thread_name_prefix="fabric-scan"
-        )
-        try:
-            self.deadline = time.monotonic() + self.timeout * (1 + self._depth())
-            for alias in order:
-                self.futures[alias] = pool.submit(self._unit, alias)
+        self.deadline = time.monotonic() + self.timeout * (1 + self.shape.depth)
+        order = self.shape.order
+        if len(order) == 1 and self._inline(order[0]):
+            self._run_inline(order[0])
             table = self._eval(self.plan)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            try:
+                for alias in order:
+                    self._schedule(alias)
+                table = self._eval(self.plan)
+            finally:
+                self._cancelled = True  # units not yet started never start
+                for fut in (*self.futures.values(), *self._inner):
+                    fut.cancel()
         table = _conform(table, self.plan.schema)
         total_ms = (time.perf_counter() - t0) * 1000
         stats = {
@@ -155,80 +321,84 @@ class _Run:
             table, self.freshness, stats, explain, self.waited, self.partial, self.binding
         )
 
-    def _deps(self, alias: str) -> set[str]:
-        top = self.units[alias]
-        scan = _unit_leaf(top)
-        if not isinstance(scan, Scan):
-            return set()
-        return {c.source for d in scan.dynamic for c in d.from_expr.columns() if c.source} - {alias}
+    def _inline(self, alias: str) -> bool:
+        """A lone unit over an in-process source runs on the caller's thread (no hop)."""
+        uri = self.shape.leaves[alias].uri
+        try:
+            flag = getattr(self.catalog.source(uri), "in_process", None)
+        except Exception:  # the unit reports it (same error, same place)
+            flag = None
+        if flag is not None:
+            return bool(flag)
+        return uri.partition("://")[0] in INLINE_KINDS
 
-    def _unit_order(self) -> list[str]:
-        order: list[str] = []
-        seen: set[str] = set()
+    def _run_inline(self, alias: str) -> None:
+        """In-process work cannot be abandoned: a unit past the scan timeout still gives
+        the timeout error, once it returns."""
+        t0 = time.monotonic()
+        table = self._unit(alias)
+        if time.monotonic() - t0 > self.timeout:
+            table = self._timed_out(alias)
+        self.done[alias] = table
 
-        def visit(a: str, stack: tuple[str, ...]) -> None:
-            if a in seen:
+    def _schedule(self, alias: str) -> None:
+        """Submit a unit to the shared pool once the units providing its dynamic-filter
+        keys are done, so no pool thread ever blocks waiting for another unit."""
+        deps = [self.futures[d] for d in sorted(self.shape.deps[alias])]
+        if not deps:
+            self.futures[alias] = scan_pool().submit(self._unit, alias)
+            return
+        out: cf.Future[pa.Table] = cf.Future()
+        self.futures[alias] = out
+        pending = [len(deps)]
+
+        def dep_done(_: cf.Future[Any]) -> None:
+            with self._lock:
+                pending[0] -= 1
+                if pending[0]:
+                    return
+            if self._cancelled or not out.set_running_or_notify_cancel():
                 return
-            if a in stack:
-                raise QueryError(
-                    self.binding,
-                    f"dynamic filters wait on each other: {' -> '.join((*stack, a))}",
-                    hint="this is an optimizer bug; report the binding",
-                )
-            for d in sorted(self._deps(a)):
-                if d not in self.units:
-                    raise QueryError(
-                        self.binding, f"dynamic filter of {a} needs source {d}, which is not a unit"
-                    )
-                visit(d, (*stack, a))
-            seen.add(a)
-            order.append(a)
+            try:
+                inner = scan_pool().submit(self._unit, alias)
+            except RuntimeError as e:  # interpreter shutting down
+                out.set_exception(e)
+                return
+            self._inner.append(inner)
+            inner.add_done_callback(partial(_relay, out))
 
-        for a in self.units:
-            visit(a, ())
-        return order
-
-    def _depth(self) -> int:
-        memo: dict[str, int] = {}
-
-        def depth(a: str) -> int:
-            if a not in memo:
-                memo[a] = 1 + max((depth(d) for d in self._deps(a)), default=-1)
-            return memo[a]
-
-        return max((depth(a) for a in self.units), default=0)
+        for d in deps:
+            d.add_done_callback(dep_done)
 
     def _wait(self, alias: str) -> pa.Table:
+        table = self.done.get(alias)
+        if table is not None:
+            return table
         fut = self.futures[alias]
         try:
             return fut.result(timeout=max(0.0, self.deadline - time.monotonic()))
         except cf.TimeoutError:
-            top = self.units[alias]
-            uri = _unit_leaf(top).uri
-            if self.allow_partial:
-                return self._partial(alias, f"timed out after {self.timeout:g} s")
-            raise QueryError(
-                self.binding,
-                f"timed out after {self.timeout:g} s",
-                alias=alias,
-                uri=uri,
-                hint="check that the server is up and reachable, or raise the scan timeout",
-            ) from None
+            return self._timed_out(alias)
+
+    def _timed_out(self, alias: str) -> pa.Table:
+        if self.allow_partial:
+            return self._partial(alias, f"timed out after {self.timeout:g} s")
+        raise QueryError(
+            self.binding,
+            f"timed out after {self.timeout:g} s",
+            alias=alias,
+            uri=self.shape.leaves[alias].uri,
+            hint="check that the server is up and reachable, or raise the scan timeout",
+        ) from None
 
     def _partial(self, alias: str, why: str) -> pa.Table:
         self.partial = True
         self.sources.setdefault(alias, {})["error"] = why
-        return _unit_leaf(self.units[alias]).schema.empty_table()
+        return self.shape.leaves[alias].schema.empty_table()
 
     # ------------------------------------------------------------ one source unit (in a thread)
     def _unit(self, alias: str) -> pa.Table:
-        top = self.units[alias]
-        chain: list[Plan] = []
-        node = top
-        while not isinstance(node, Scan | VectorSearch):
-            chain.append(node)
-            node = node.children()[0]
-        leaf = node
+        leaf, chain = self.shape.leaves[alias], self.shape.chains[alias]
         try:
             source = self.catalog.source(leaf.uri)
         except Exception as e:  # down, unknown connection, dropped table...
@@ -269,7 +439,7 @@ class _Run:
 
     def _scan(self, alias: str, scan: Scan, source: Any) -> pa.Table:
         # now() is one instant per query, bound like a session value for every source
-        filters: list[Expr] = [_bind_now(f) for f in (*scan.exact, *scan.inexact)]
+        filters: list[Expr] = list(self.shape.filters[alias])
         params = dict(self.params)
         params[NOW_PARAM] = self.now
         dyn_stats = []
@@ -346,6 +516,7 @@ class _Run:
         dyn: list,
         skipped: bool = False,
     ) -> None:
+        text = self.shape.text[alias]
         entry = {
             "uri": scan.uri,
             "rows": rows,
@@ -353,24 +524,15 @@ class _Run:
             "batches": batches,
             "time_ms": round(ms, 3),
             "estimated_rows": scan.estimated_rows,
-            "exact": [str(f) for f in scan.exact],
-            "inexact": [str(f) for f in scan.inexact],
-            "residual": [str(c) for c in self._residual(alias)],
+            "exact": list(text["exact"]),
+            "inexact": list(text["inexact"]),
+            "residual": list(text["residual"]),
             "dynamic": dyn,
         }
         if skipped:
             entry["skipped"] = "no dynamic-filter keys: nothing can join"
         with self._lock:
             self.sources[alias] = entry
-
-    def _residual(self, alias: str) -> list[Expr]:
-        out: list[Expr] = []
-        node = self.units[alias]
-        while not isinstance(node, Scan | VectorSearch):
-            if isinstance(node, Filter):
-                out.extend(conjuncts(node.predicate))
-            node = node.children()[0]
-        return out
 
     def _search(self, alias: str, vs: VectorSearch, source: Any) -> pa.Table:
         search = getattr(source, "search", None)
@@ -390,7 +552,7 @@ class _Run:
                 column=vs.column,
                 query=query,
                 k=vs.k,
-                filters=tuple(_bind_now(unqualify(f)) for f in vs.filters),
+                filters=self.shape.filters[alias],
                 params={**self.params, NOW_PARAM: self.now},
                 columns=vs.projection,
                 analyze=self.analyze,
@@ -399,19 +561,23 @@ class _Run:
             raise _SourceFailed(e) from e
         ms = (time.perf_counter() - t0) * 1000
         table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
+        text = self.shape.text[alias]
+        entry = {
+            "uri": vs.uri,
+            "rows": table.num_rows,
+            "bytes": table.nbytes,
+            "batches": 1,
+            "time_ms": round(ms, 3),
+            "estimated_rows": vs.k,
+            "filters": list(text["filters"]),
+            "residual": list(text["residual"]),
+            "strategy": getattr(info, "executed", None) or getattr(info, "chosen", None),
+        }
+        if self.analyze:  # the rendered retrieval explain only when asked for
+            entry["search"] = str(info)
         with self._lock:
-            self.infos[alias] = str(info)
-            self.sources[alias] = {
-                "uri": vs.uri,
-                "rows": table.num_rows,
-                "bytes": table.nbytes,
-                "batches": 1,
-                "time_ms": round(ms, 3),
-                "estimated_rows": vs.k,
-                "filters": [str(f) for f in vs.filters],
-                "residual": [str(c) for c in self._residual(alias)],
-                "search": str(info),
-            }
+            self.infos[alias] = info
+            self.sources[alias] = entry
         return table
 
     def _constant(self, e: Expr) -> Any:
@@ -563,10 +729,10 @@ class _Run:
                 both.names,
             )
             joins.append((node, rel))
-            self.node_stats.setdefault(id(node), {"op": node.header(), "engine": "duckdb"})
+            self.node_stats.setdefault(id(node), {"op": self._header(node), "engine": "duckdb"})
             return rel
         child = self._compile(b, node.children()[0], joins)
-        self.node_stats.setdefault(id(node), {"op": node.header(), "engine": "duckdb"})
+        self.node_stats.setdefault(id(node), {"op": self._header(node), "engine": "duckdb"})
         return self._compile_unary(b, node, child)
 
     def _compile_unary(self, b: SqlBuilder, node: Plan, child: Rel) -> Rel:
@@ -665,7 +831,7 @@ class _Run:
             params={p: self.params[p] for p in node.params},
             limits=node.limits,
             binding=self.binding,
-            snippet_origin=(node.file, node.line),
+            snippet_origin=(node.file, node.line, node.col),
         )
         return out if isinstance(out, pa.Table) else out.table
 
@@ -687,16 +853,21 @@ class _Run:
 
     # ------------------------------------------------------------ stats and explain
     def _record(self, node: Plan, rows: int, t0: float, engine: str = "arrow") -> None:
+        header = self._header(node)
         with self._lock:
             self.node_stats[id(node)] = {
-                "op": node.header(),
+                "op": header,
                 "rows": rows,
                 "time_ms": (time.perf_counter() - t0) * 1000,
                 "engine": engine,
             }
 
+    def _header(self, node: Plan) -> str:
+        header = self.shape.headers.get(id(node))
+        return header if header is not None else node.header()
+
     def _explain(self, table: pa.Table, total_ms: float) -> str:
-        scan_alias = {id(_unit_leaf(top)): alias for alias, top in self.units.items()}
+        scan_alias = {id(leaf): alias for alias, leaf in self.shape.leaves.items()}
 
         def annotate(node: Plan) -> str | None:
             s = self.node_stats.get(id(node))
@@ -739,7 +910,7 @@ class _Run:
             lines.append(f"DuckDB: {q}")
         for alias, info in self.infos.items():
             lines.append(f"VectorSearch {alias}:")
-            lines.extend("  " + ln for ln in info.splitlines())
+            lines.extend("  " + ln for ln in str(info).splitlines())
         if self.freshness:
             lines.append("Freshness:")
             for alias, f in self.freshness.items():
@@ -753,6 +924,16 @@ class _Run:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _relay(out: cf.Future[Any], inner: cf.Future[Any]) -> None:
+    """Copy a finished pool future's outcome into the unit's own future."""
+    if inner.cancelled():
+        out.set_exception(cf.CancelledError())
+    elif inner.exception() is not None:
+        out.set_exception(inner.exception())
+    else:
+        out.set_result(inner.result())
 
 
 class _SourceFailed(Exception):
@@ -832,12 +1013,6 @@ def _exprmap(node: Plan) -> dict[Expr, str]:
     return {}
 
 
-def _unit_leaf(node: Plan) -> Any:
-    while not isinstance(node, Scan | VectorSearch):
-        node = node.children()[0]
-    return node
-
-
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -857,7 +1032,7 @@ def _cast(values: Any, typ: pa.DataType) -> Any:
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Give the answer the plan's declared column types where a safe cast exists."""
-    if table.column_names != schema.names:
+    if table.column_names != schema.names or table.schema.types == schema.types:
         return table
     cols = [_cast(table.column(i), schema.field(i).type) for i in range(table.num_columns)]
     return pa.table(cols, names=schema.names)

@@ -1,0 +1,181 @@
+"""What ``fab.query`` adds on top of the work it runs (issue #5: end-to-end p50 < 1 ms).
+
+Part 1, one indexed dataset (``--n`` 50,000 x 128-d, hnsw + btree + inverted, built and
+cached by ``benchmarks/retrieval.py``'s ``build``): for a few predicate points, interleaved
+per query, the p50 / p95 of
+
+- ``search``:  ``DatasetSource.search(...)`` alone (the retrieval work);
+- ``execute``: ``fabric.execute.execute(plan, params, catalog, binding=...)`` of the
+  compiled binding (the executor's overhead on top of ``search``);
+- ``query``:   ``fab.query(name, session=...)`` (binding lookup + session check + execute).
+
+Part 2, a two-source join over in-memory tables (``memory://t/a`` join ``memory://t/b``,
+order by, limit 10): the multi-source path (units on the shared scan pool, DuckDB join).
+
+    .venv/bin/python benchmarks/query_overhead.py                  # 50k rows, 500 queries
+    .venv/bin/python benchmarks/query_overhead.py --n 20000 --queries 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the repo root first: benchmarks/connectors.py must not shadow the connectors package
+sys.path[:] = [os.path.dirname(HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+
+import fabric  # noqa: E402
+from connectors.dataset import DatasetSource  # noqa: E402
+from connectors.memory import MemoryConnection  # noqa: E402
+from fabric.execute import execute  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("retrieval", os.path.join(HERE, "retrieval.py"))
+retrieval = importlib.util.module_from_spec(_spec)
+sys.modules["retrieval"] = retrieval
+_spec.loader.exec_module(retrieval)
+DIM, K, build, mixture, points = (
+    retrieval.DIM,
+    retrieval.K,
+    retrieval.build,
+    retrieval.mixture,
+    retrieval.points,
+)
+
+POINTS = ("none (100%)", "uncorr 1.00%", "keyword 10.00%", "time1%&kw10%")
+
+
+def pct(xs: list[float], p: float) -> float:
+    return float(np.percentile(xs, p)) * 1e3
+
+
+def write_binding(d: str, name: str, body: str) -> None:
+    with open(os.path.join(d, f"{name}.yaml"), "w") as f:
+        f.write(body)
+
+
+def dataset_part(n: int, nq: int, cache: str) -> list[tuple]:
+    ds, attrs, took = build(n, cache)
+    print(f"dataset: {n:,} x {DIM}-d ({'loaded' if took < 0 else 'built'} in {abs(took):.1f} s)")
+    src = DatasetSource("dataset://bench", ds)
+    qs, _ = mixture(nq, 7)
+    pts = [p for p in points(attrs, n) if p.name in POINTS]
+    d = tempfile.mkdtemp(prefix="overhead-bindings-")
+    for i, p in enumerate(pts):
+        where = f'\n    where: "{p.where}"' if p.where is not None else ""
+        write_binding(
+            d,
+            f"p{i}",
+            f"binding: p{i}\nsession:\n  q: vector[{DIM}]\nsources:\n  n:\n"
+            f'    from: dataset://bench\n    nearest: {{column: emb, to: "{{{{session.q}}}}", k: {K}}}'
+            f"{where}\nselect: [n.id]\n",
+        )
+    rows = []
+    rng = np.random.default_rng(3)
+    with fabric.open(
+        {"bindings": [d]}, ingest=False, watch=False, dataset_sources={"bench": src}
+    ) as fab:
+        for i, p in enumerate(pts):
+            name = f"p{i}"
+            filters = () if p.where is None else (p.where,)
+            compiled = fab.binding(name)
+            for q in qs[:20]:  # warm up: plan compiled, caches hot
+                fab.query(name, session={"q": q})
+                src.search("emb", q, K, filters, {}, ["id"])
+            lat: dict[str, list[float]] = {"search": [], "execute": [], "query": []}
+            for q in qs:
+                for way in rng.permutation(list(lat)):
+                    t = time.perf_counter()
+                    if way == "search":
+                        src.search("emb", q, K, filters, {}, ["id"])
+                    elif way == "execute":
+                        execute(compiled.plan, {"q": q}, fab.catalog, binding=name)
+                    else:
+                        fab.query(name, session={"q": q})
+                    lat[str(way)].append(time.perf_counter() - t)
+            rows.append((p.name, {w: (pct(v, 50), pct(v, 95)) for w, v in lat.items()}))
+    return rows
+
+
+def join_part(nq: int, n: int) -> dict[str, tuple[float, float]]:
+    rng = np.random.default_rng(5)
+    conn = MemoryConnection("t")
+    conn.add(
+        "a",
+        pa.table(
+            {
+                "id": np.arange(n, dtype=np.int64),
+                "score": rng.random(n),
+                "grp": rng.integers(0, 100, n),
+            }
+        ),
+    )
+    conn.add(
+        "b",
+        pa.table({"a_id": rng.integers(0, n, n).astype(np.int64), "amount": rng.random(n) * 100}),
+    )
+    d = tempfile.mkdtemp(prefix="overhead-join-")
+    write_binding(
+        d,
+        "join",
+        "binding: join\nsession:\n  g: int\nsources:\n  a:\n    from: memory://t/a\n"
+        "    where: grp = {{session.g}}\n  b:\n    from: memory://t/b\n"
+        "    join: {on: b.a_id = a.id}\n    where: amount > 50\n"
+        "select: [a.id, a.score, b.amount]\norder_by: [b.amount desc]\nlimit: 10\n",
+    )
+    lat: dict[str, list[float]] = {"execute": [], "query": []}
+    with fabric.open({"bindings": [d]}, ingest=False, watch=False, connections={"t": conn}) as fab:
+        compiled = fab.binding("join")
+        for g in range(20):
+            fab.query("join", session={"g": g})
+        for i in range(nq):
+            g = i % 100
+            for way in rng.permutation(list(lat)):
+                t = time.perf_counter()
+                if way == "execute":
+                    execute(compiled.plan, {"g": g}, fab.catalog, binding="join")
+                else:
+                    fab.query("join", session={"g": g})
+                lat[str(way)].append(time.perf_counter() - t)
+        print(fab.explain("join", {"g": 1}, analyze=True))
+    return {w: (pct(v, 50), pct(v, 95)) for w, v in lat.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=50_000)
+    ap.add_argument("--queries", type=int, default=500)
+    ap.add_argument("--join-rows", type=int, default=5_000)
+    ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fabric/bench"))
+    args = ap.parse_args()
+
+    rows = dataset_part(args.n, args.queries, args.cache)
+    print(f"\nsingle-source vector search, {args.queries} queries, k={K}, ms (p50 / p95)")
+    print(
+        f"{'point':<16} {'search p50':>10} {'p95':>7} {'execute p50':>12} {'p95':>7} "
+        f"{'query p50':>10} {'p95':>7} {'query-search':>13} {'ratio':>6}"
+    )
+    for name, r in rows:
+        s, e, q = r["search"], r["execute"], r["query"]
+        print(
+            f"{name:<16} {s[0]:10.3f} {s[1]:7.3f} {e[0]:12.3f} {e[1]:7.3f} "
+            f"{q[0]:10.3f} {q[1]:7.3f} {q[0] - s[0]:13.3f} {q[0] / s[0]:5.2f}x"
+        )
+    j = join_part(args.queries, args.join_rows)
+    print(
+        f"\ntwo-source join (memory://t/a {args.join_rows:,} rows x memory://t/b {args.join_rows:,} rows, "
+        f"DuckDB join + order + limit 10), ms"
+    )
+    for way, (p50, p95) in j.items():
+        print(f"{way:<8} p50 {p50:7.3f}  p95 {p95:7.3f}")
+
+
+if __name__ == "__main__":
+    main()
