@@ -14,6 +14,12 @@ order by, limit 10): the multi-source path (units on the shared scan pool, DuckD
 
     .venv/bin/python benchmarks/query_overhead.py                  # 50k rows, 500 queries
     .venv/bin/python benchmarks/query_overhead.py --n 20000 --queries 200
+
+``--baseline FILE`` adds ``execute(old)``, the same plans run by another version of the
+executor module, interleaved with the others (before/after in one run):
+
+    git show 4f5e032~1:fabric/execute/__init__.py > /tmp/old_execute.py
+    .venv/bin/python benchmarks/query_overhead.py --baseline /tmp/old_execute.py
 """
 
 from __future__ import annotations
@@ -61,7 +67,17 @@ def write_binding(d: str, name: str, body: str) -> None:
         f.write(body)
 
 
-def dataset_part(n: int, nq: int, cache: str) -> list[tuple]:
+def load_baseline(path: str | None):
+    """``execute`` of another version of fabric/execute/__init__.py (or None)."""
+    if not path:
+        return None
+    spec = importlib.util.spec_from_file_location("baseline_execute", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.execute
+
+
+def dataset_part(n: int, nq: int, cache: str, old=None) -> list[tuple]:
     ds, attrs, took = build(n, cache)
     print(f"dataset: {n:,} x {DIM}-d ({'loaded' if took < 0 else 'built'} in {abs(took):.1f} s)")
     src = DatasetSource("dataset://bench", ds)
@@ -90,11 +106,15 @@ def dataset_part(n: int, nq: int, cache: str) -> list[tuple]:
                 fab.query(name, session={"q": q})
                 src.search("emb", q, K, filters, {}, ["id"])
             lat: dict[str, list[float]] = {"search": [], "execute": [], "query": []}
+            if old is not None:
+                lat["execute(old)"] = []
             for q in qs:
                 for way in rng.permutation(list(lat)):
                     t = time.perf_counter()
                     if way == "search":
                         src.search("emb", q, K, filters, {}, ["id"])
+                    elif way == "execute(old)":
+                        old(compiled.plan, {"q": q}, fab.catalog, binding=name)
                     elif way == "execute":
                         execute(compiled.plan, {"q": q}, fab.catalog, binding=name)
                     else:
@@ -104,7 +124,7 @@ def dataset_part(n: int, nq: int, cache: str) -> list[tuple]:
     return rows
 
 
-def join_part(nq: int, n: int) -> dict[str, tuple[float, float]]:
+def join_part(nq: int, n: int, old=None) -> dict[str, tuple[float, float]]:
     rng = np.random.default_rng(5)
     conn = MemoryConnection("t")
     conn.add(
@@ -131,6 +151,8 @@ def join_part(nq: int, n: int) -> dict[str, tuple[float, float]]:
         "select: [a.id, a.score, b.amount]\norder_by: [b.amount desc]\nlimit: 10\n",
     )
     lat: dict[str, list[float]] = {"execute": [], "query": []}
+    if old is not None:
+        lat["execute(old)"] = []
     with fabric.open({"bindings": [d]}, ingest=False, watch=False, connections={"t": conn}) as fab:
         compiled = fab.binding("join")
         for g in range(20):
@@ -141,6 +163,8 @@ def join_part(nq: int, n: int) -> dict[str, tuple[float, float]]:
                 t = time.perf_counter()
                 if way == "execute":
                     execute(compiled.plan, {"g": g}, fab.catalog, binding="join")
+                elif way == "execute(old)":
+                    old(compiled.plan, {"g": g}, fab.catalog, binding="join")
                 else:
                     fab.query("join", session={"g": g})
                 lat[str(way)].append(time.perf_counter() - t)
@@ -154,27 +178,33 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--join-rows", type=int, default=5_000)
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fabric/bench"))
+    ap.add_argument(
+        "--baseline", default=None, help="another fabric/execute/__init__.py to compare"
+    )
     args = ap.parse_args()
+    old = load_baseline(args.baseline)
 
-    rows = dataset_part(args.n, args.queries, args.cache)
+    rows = dataset_part(args.n, args.queries, args.cache, old)
     print(f"\nsingle-source vector search, {args.queries} queries, k={K}, ms (p50 / p95)")
     print(
         f"{'point':<16} {'search p50':>10} {'p95':>7} {'execute p50':>12} {'p95':>7} "
         f"{'query p50':>10} {'p95':>7} {'query-search':>13} {'ratio':>6}"
+        + (f" {'execute(old) p50':>17} {'p95':>7}" if old else "")
     )
     for name, r in rows:
         s, e, q = r["search"], r["execute"], r["query"]
         print(
             f"{name:<16} {s[0]:10.3f} {s[1]:7.3f} {e[0]:12.3f} {e[1]:7.3f} "
             f"{q[0]:10.3f} {q[1]:7.3f} {q[0] - s[0]:13.3f} {q[0] / s[0]:5.2f}x"
+            + (f" {r['execute(old)'][0]:17.3f} {r['execute(old)'][1]:7.3f}" if old else "")
         )
-    j = join_part(args.queries, args.join_rows)
+    j = join_part(args.queries, args.join_rows, old)
     print(
         f"\ntwo-source join (memory://t/a {args.join_rows:,} rows x memory://t/b {args.join_rows:,} rows, "
         f"DuckDB join + order + limit 10), ms"
     )
     for way, (p50, p95) in j.items():
-        print(f"{way:<8} p50 {p50:7.3f}  p95 {p95:7.3f}")
+        print(f"{way:<13} p50 {p50:7.3f}  p95 {p95:7.3f}")
 
 
 if __name__ == "__main__":

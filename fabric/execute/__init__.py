@@ -3,12 +3,14 @@
 ``execute(plan, params, catalog, binding=...)`` runs in three steps:
 
 1. **Source units in parallel.** Each source's *unit* (its Scan or VectorSearch plus the
-   Filter/Derive chain right above it) runs in its own thread: check freshness, build a
-   ``ScanRequest`` (projection, exact + inexact filters, bound params, limit, order,
-   latest_by), stream the batches, then apply the residual filters and derived columns
-   with pyarrow compute. A unit with dynamic filters first waits for the units that
-   provide their keys, then sends the distinct keys as a bound ``IN`` list parameter
-   (``__dyn_<n>``), unless there are more than ``max_keys`` of them.
+   Filter/Derive chain right above it) runs on the process-wide scan pool (``scan_pool()``,
+   ``POOL_THREADS`` threads; a lone unit over an in-process source runs on the caller's
+   thread instead): check freshness, build a ``ScanRequest`` (projection, exact + inexact
+   filters, bound params, limit, order, latest_by), stream the batches, then apply the
+   residual filters and derived columns with pyarrow compute. A unit with dynamic filters
+   is submitted once the units that provide its keys are done, then sends the distinct
+   keys as a bound ``IN`` list parameter (``__dyn_<n>``), unless there are more than
+   ``max_keys`` of them.
 2. **Above the units.** Joins and aggregates (with the filters, projections, sorts and
    limits above them) become one DuckDB query over the units' Arrow tables, registered
    zero-copy, with every value bound as a ``$n`` parameter. A plan without join or
