@@ -153,6 +153,7 @@ class _Shape:
     ]  # alias -> exact + inexact (Scan) / filters (VectorSearch), now() bound
     text: dict[str, dict[str, list[str]]]  # alias -> {"exact", "inexact", "residual", "filters"}
     headers: dict[int, str]
+    schema: pa.Schema  # the plan's output schema (Project builds it on every access)
 
     @staticmethod
     def of(plan: Plan) -> _Shape:
@@ -214,6 +215,7 @@ class _Shape:
             filters=filters,
             text=text,
             headers={id(n): n.header() for n in plan.walk()},
+            schema=plan.schema,
         )
 
 
@@ -306,7 +308,7 @@ class _Run:
                 self._cancelled = True  # units not yet started never start
                 for fut in (*self.futures.values(), *self._inner):
                     fut.cancel()
-        table = _conform(table, self.plan.schema)
+        table = _conform(table, self.shape.schema)
         total_ms = (time.perf_counter() - t0) * 1000
         stats = {
             "sources": self.sources,
@@ -567,7 +569,7 @@ class _Run:
         entry = {
             "uri": vs.uri,
             "rows": table.num_rows,
-            "bytes": table.nbytes,
+            "bytes": table.get_total_buffer_size(),  # fresh arrays: nbytes is 50x slower
             "batches": 1,
             "time_ms": round(ms, 3),
             "estimated_rows": vs.k,
@@ -644,6 +646,12 @@ class _Run:
                     table = table.append_column(pa.field(name, typ), _cast(col, typ))
                 return table
             if isinstance(node, Project):
+                if not exprmap and all(isinstance(e, Column) for _, e, _ in node.items):
+                    # plain columns: select and rename (no per-expression evaluation)
+                    picked = table.select([res(e) for _, e, _ in node.items])
+                    out = picked.rename_columns([n for n, _, _ in node.items])
+                    if all(f.type == t for f, (_, _, t) in zip(out.schema, node.items)):
+                        return out
                 cols = [_cast(self._values(e, table, res, exprmap), t) for _, e, t in node.items]
                 return pa.table(
                     cols,
@@ -1034,7 +1042,9 @@ def _cast(values: Any, typ: pa.DataType) -> Any:
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Give the answer the plan's declared column types where a safe cast exists."""
-    if table.column_names != schema.names or table.schema.types == schema.types:
+    if table.column_names != schema.names:
+        return table
+    if all(f.type == t.type for f, t in zip(table.schema, schema)):
         return table
     cols = [_cast(table.column(i), schema.field(i).type) for i in range(table.num_columns)]
     return pa.table(cols, names=schema.names)
