@@ -296,6 +296,21 @@ def test_many_concurrent_queries_with_dynamic_filters_do_not_starve_the_pool(tab
     assert got == [ref_nearby(ref, u)[0] for u in users]
 
 
+def test_per_plan_facts_are_kept_on_the_plan_without_changing_it(tables, ref) -> None:
+    """Units, order, parameters and filter text are computed once per plan object; the
+    plan stays equal, hashable and replaceable, and each session still gets its answer."""
+    cat = world.catalog(tables)
+    plan = optimize(world.nearby_offers(cat), cat)
+    copy = dataclasses.replace(plan)
+    h = hash(plan)
+    for user in (3, 7, 3):
+        res = execute(plan, {"user_id": user}, cat, binding="b", now=NOW)
+        assert res.table.to_pylist() == ref_nearby(ref, user)[0]
+    assert plan == copy and hash(plan) == h and "_fabric_exec_shape" not in repr(plan)
+    with pytest.raises(QueryError, match=r"session value\(s\) 'user_id' not bound"):
+        execute(plan, {}, cat, binding="b", now=NOW)
+
+
 def test_dynamic_filter_over_max_keys_is_skipped_and_answer_unchanged(tables, ref) -> None:
     cat = world.catalog(tables)
     plan = optimize(world.nearby_offers(cat), cat)

@@ -26,6 +26,7 @@ times (see docs/execution.md).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import datetime as dt
 import os
@@ -157,10 +158,13 @@ class _Shape:
 
     @staticmethod
     def of(plan: Plan) -> _Shape:
-        shape = plan.__dict__.get("_fabric_exec_shape")
+        shape = getattr(plan, "__dict__", {}).get("_fabric_exec_shape")
         if shape is None:
             shape = _Shape._build(plan)
-            object.__setattr__(plan, "_fabric_exec_shape", shape)  # not a field: eq/hash unchanged
+            # not a field: eq, hash, repr and dataclasses.replace ignore it (a node class
+            # with __slots__ cannot keep it: its shape is rebuilt per query)
+            with contextlib.suppress(AttributeError):
+                object.__setattr__(plan, "_fabric_exec_shape", shape)
         return shape
 
     @staticmethod
