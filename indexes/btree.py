@@ -79,6 +79,9 @@ def array_of(bm: BitMap) -> np.ndarray:
     return np.frombuffer(bm.to_array(), dtype=np.uint32)
 
 
+BULK_ROWS = 1024  # non-null rows of one add() that bypass the delta
+
+
 class BTreeIndex:
     def __init__(self, column: str, type_: pa.DataType):
         self.column = column
@@ -183,10 +186,26 @@ class BTreeIndex:
         if nulls.any():
             self.nulls.update(rowids[nulls].tolist())
         ok = ~nulls
+        nok = int(ok.sum())
+        self.live += nok
+        if nok >= BULK_ROWS and self.kind != "str":
+            self._insert_sorted(keys[ok], rowids[ok])
+            return
         self.delta.update(zip(keys[ok].tolist(), rowids[ok].tolist()))
-        self.live += int(ok.sum())
         if len(self.delta) > max(1024, len(self.keys) // 8):
             self.merge()
+
+    def _insert_sorted(self, keys: np.ndarray, rowids: np.ndarray) -> None:
+        """A large batch goes straight into the main arrays (a sort of the batch and a
+        linear merge in numpy) instead of through the SortedList delta."""
+        if self.dead or self.delta:
+            self.merge()
+        order = np.argsort(keys, kind="stable")
+        keys, rowids = keys[order], rowids[order].astype(np.uint32)
+        pos = np.searchsorted(self.keys, keys, side="right")  # after equal keys, like merge()
+        self.keys = np.insert(self.keys, pos, keys)
+        self.rowids = np.insert(self.rowids, pos, rowids)
+        self.main_pos[self.rowids.astype(np.int64)] = np.arange(len(self.rowids), dtype=np.int64)
 
     def remove(self, rowids: Iterable[int]) -> None:
         for r in rowids:

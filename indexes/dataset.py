@@ -14,10 +14,14 @@ at all.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +38,7 @@ from indexes.spec import DatasetError, IndexSpec
 
 FORMAT_VERSION = 1
 log = logging.getLogger("indexes.dataset")
+FOLDER_NICE = 5  # niceness added to the background folder thread
 
 
 class Dataset:
@@ -47,7 +52,7 @@ class Dataset:
         fold_rows: int = 2048,
         background_fold: bool = True,
         max_growing: int = 50_000,
-        fold_lock_ms: float = 20.0,
+        fold_lock_ms: float = 10.0,
     ):
         if key not in schema.names:
             raise DatasetError(
@@ -97,6 +102,7 @@ class Dataset:
         self._fold_cond = threading.Condition()
         self._folder: threading.Thread | None = None
         self._closed = False
+        self.fold_holds: deque[float] = deque(maxlen=1024)  # recent write-lock holds, ms
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -143,20 +149,19 @@ class Dataset:
         table = self._conform(table)
         if table.num_rows == 0:
             return 0
-        keys = table.column(self.key).to_pylist()
-        if any(k is None for k in keys):
+        if table.column(self.key).null_count:
             raise DatasetError(f"dataset {self.name!r}: key column {self.key!r} has null values")
-        last: dict[Any, int] = {}
-        for i, k in enumerate(keys):
-            last[k] = i
-        if len(last) < len(keys):  # the last version of a key within one batch wins
+        keys = table.column(self.key).to_pylist()
+        if len(set(keys)) < len(keys):  # the last version of a key within one batch wins
+            last = {k: i for i, k in enumerate(keys)}
             table = table.take(pa.array(sorted(last.values()), pa.int64()))
             keys = table.column(self.key).to_pylist()
         mats = {c: to_matrix(c, table.column(c), v.dim) for c, v in self.vectors.items()}
         if mats and self.background_fold:
             self._backpressure()
         with self.lock.write():
-            old = [self.rowid_of[k] for k in keys if k in self.rowid_of]
+            seen = self.rowid_of.keys() & keys if self.rowid_of else ()
+            old = [self.rowid_of[k] for k in seen]
             if old and not replace:
                 dup = [k for k in keys if k in self.rowid_of][:5]
                 raise DatasetError(
@@ -181,8 +186,7 @@ class Dataset:
             self.alive[start : start + m] = True
             self.n = start + m
             self.live.add_range(start, start + m)
-            for k, r in zip(keys, rowids.tolist()):
-                self.rowid_of[k] = r
+            self.rowid_of.update(zip(keys, rowids.tolist()))
             for c, bt in self.btrees.items():
                 bt.add(rowids, table.column(c))
             for c, inv in self.inverted.items():
@@ -268,6 +272,7 @@ class Dataset:
                 daemon=True,
             )
             self._folder.start()
+            _FOLDING.add(self)
         self._fold_wake.set()
 
     def _backpressure(self) -> None:
@@ -288,6 +293,7 @@ class Dataset:
                 if vi.pending() >= self._due_at(vi):
                     done += vi.fold_step(self.alive, self.fold_lock_ms)
         held = time.perf_counter() - t0
+        self.fold_holds.append(held * 1e3)
         with self._fold_cond:
             self._fold_cond.notify_all()
         if done:  # the lock prefers writers: step aside so waiting queries get in
@@ -516,9 +522,30 @@ class Dataset:
         return f"Dataset({self.name!r}, rows={len(self.live)}, key={self.key!r}, indexes=[{idx}])"
 
 
+_FOLDING: weakref.WeakSet[Dataset] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_folders() -> None:
+    """Stop background folders before the interpreter finalizes: a daemon thread still
+    inside hnswlib when Python tears threads down aborts the process (pybind11 re-taking
+    the GIL during finalization: "terminate called without an active exception")."""
+    for ds in list(_FOLDING):
+        ds.close()
+
+
 def _fold_loop(ref: weakref.ref[Dataset], wake: threading.Event) -> None:
     """The background folder: fold due growing segments chunk by chunk, sleep otherwise.
-    Holds the dataset only weakly between steps, so an unused dataset can be collected."""
+    Holds the dataset only weakly between steps, so an unused dataset can be collected.
+
+    The thread runs at a lower CPU priority (Linux: per-thread nice) and inserts with one
+    thread: on a busy machine the write path (decode, append, exact-searchable at once)
+    wins the CPU and the graph catches up with what is left; backpressure bounds the gap.
+    """
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed
+        os.setpriority(
+            os.PRIO_PROCESS, threading.get_native_id(), FOLDER_NICE
+        ) if FOLDER_NICE else None
     while True:
         ds = ref()
         if ds is None or ds._closed:

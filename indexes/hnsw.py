@@ -2,9 +2,10 @@
 
 Vectors live in a growing float32 matrix indexed by row id (contiguous, so an exact scan
 of a row-id range is a slice). The newest rows form a *growing segment* (row ids
-``>= folded``) that is searched exactly; it is folded into the hnswlib graph in batches
-(``fold_rows``) because inserting into the graph costs ~125 us per row at 128-d, while an
-exact scan of a few thousand fresh rows costs tens of microseconds. Deleted rows are
+``>= folded``) that is searched exactly; it is folded into the hnswlib graph in chunks
+(``fold_step``, by the dataset's background folder; ``fold`` for the whole segment)
+because inserting into the graph costs ~125 us per row at 128-d and more at 384-d, while
+an exact scan of a few thousand fresh rows costs tens of microseconds. Deleted rows are
 ``mark_deleted`` in the graph and their slots reused by later inserts
 (``allow_replace_deleted``).
 
@@ -99,7 +100,13 @@ class VectorIndex:
         self.aux[start:end] = self._aux(m)
         self.n = end
 
-    def fold(self, alive: np.ndarray, force: bool = False, limit: int | None = None) -> int:
+    def fold(
+        self,
+        alive: np.ndarray,
+        force: bool = False,
+        limit: int | None = None,
+        threads: int | None = None,
+    ) -> int:
         """Insert the growing segment into the graph once it holds ``fold_rows`` rows (or
         ``force``); at most ``limit`` of its oldest rows per call, so a writer holding the
         lock never stalls readers for a whole segment (hnswlib cannot search while it
@@ -116,7 +123,10 @@ class VectorIndex:
             if need > cap:
                 self.graph.resize_index(max(need, 2 * cap))
             self.graph.add_items(
-                self.vectors[ids], ids, num_threads=self.build_threads, replace_deleted=True
+                self.vectors[ids],
+                ids,
+                num_threads=threads or self.build_threads,
+                replace_deleted=True,
             )
             self.in_graph += len(ids)
         self.folded = end
@@ -126,13 +136,15 @@ class VectorIndex:
         """Rows in the growing segment (not yet folded into the graph)."""
         return self.n - self.folded
 
-    def fold_step(self, alive: np.ndarray, target_ms: float) -> int:
+    def fold_step(self, alive: np.ndarray, target_ms: float, threads: int = 1) -> int:
         """Fold the oldest rows of the growing segment for about ``target_ms`` (the chunk is
         sized from the measured insert cost); returns how many row ids it advanced."""
         rows = int(min(4096, max(8, target_ms / max(self.fold_ms_per_row, 1e-3))))
         before = self.folded
         t0 = time.perf_counter()
-        inserted = self.fold(alive, force=True, limit=rows) if self.pending() else 0
+        inserted = (
+            self.fold(alive, force=True, limit=rows, threads=threads) if self.pending() else 0
+        )
         if inserted >= 8:
             ms = (time.perf_counter() - t0) * 1e3 / inserted
             self.fold_ms_per_row = 0.7 * self.fold_ms_per_row + 0.3 * ms

@@ -5,9 +5,10 @@ Text columns are tokenized like ``match()`` in ``connectors.arrow_expr`` (lower-
 by pyarrow agree row for row. List columns (tags) index every word of every element.
 
 Batch writes are vectorized (``token_pairs``): ASCII values, the common case, are
-lower-cased and split by ``[^A-Za-z0-9_]+`` in pyarrow (for ASCII text that is exactly
-Python's ``\\w+`` plus ``str.lower``); the (token, row) pairs are dictionary-encoded and
-sorted with numpy, and each distinct token's bitmap is built or extended in one call.
+lower-cased and split on ``[^A-Za-z0-9_]`` with a numpy byte table and pyarrow's
+whitespace split (for ASCII text that is exactly Python's ``\\w+`` plus
+``str.lower``); the (token, row) pairs are dictionary-encoded and sorted with numpy, and
+each distinct token's bitmap is built or extended in one call.
 Values holding non-ASCII characters go through ``match_tokens`` itself, one value at a
 time, because Unicode ``\\w`` and lower-casing differ between Python and RE2/utf8proc.
 """
@@ -26,7 +27,29 @@ from connectors.arrow_expr import match_tokens
 from indexes.btree import bitmap_of
 from indexes.spec import DatasetError
 
-_NON_WORD_ASCII = r"[^A-Za-z0-9_]+"
+# ASCII byte -> itself lower-cased if a word character ([A-Za-z0-9_]), else a space
+_FOLD = np.full(256, ord(" "), dtype=np.uint8)
+_FOLD[list(b"abcdefghijklmnopqrstuvwxyz0123456789_")] = list(
+    b"abcdefghijklmnopqrstuvwxyz0123456789_"
+)
+_FOLD[list(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ")] = list(b"abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_words(values: pa.Array) -> pa.Array:
+    """Per value (ASCII strings, no nulls), its lower-cased ``[A-Za-z0-9_]+`` runs, plus
+    empty strings to drop: one byte-table pass in numpy (fold case, non-word bytes ->
+    spaces) and pyarrow's whitespace split -- ~4x faster than a regex split."""
+    if len(values) == 0:
+        return pa.array([], pa.list_(pa.string()))
+    offs = np.frombuffer(values.buffers()[1], dtype=np.int32)
+    offs = offs[values.offset : values.offset + len(values) + 1]
+    base, top = int(offs[0]), int(offs[-1])
+    raw = values.buffers()[2]
+    if raw is None or top <= base:
+        return pa.array([[] for _ in range(len(values))], pa.list_(pa.string()))
+    folded = _FOLD[np.frombuffer(raw, dtype=np.uint8)[base:top]]
+    text = pa.StringArray.from_buffers(len(values), pa.py_buffer(offs - base), pa.py_buffer(folded))
+    return pc.ascii_split_whitespace(text)
 
 
 def check_type(column: str, t: pa.DataType) -> None:
@@ -69,7 +92,10 @@ def token_pairs(
         values = values.combine_chunks()
     if pa.types.is_large_string(values.type):
         values = values.cast(pa.string())
-    ascii_ = pc.fill_null(pc.string_is_ascii(values), True).to_numpy(zero_copy_only=False)
+    if values.null_count:
+        valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+        values, parents = values.filter(pa.array(valid)), parents[valid]
+    ascii_ = pc.string_is_ascii(values).to_numpy(zero_copy_only=False)
     extra_tok: list[str] = []
     extra_row: list[int] = []
     if not ascii_.all():  # exact Python tokenization for the non-ASCII values
@@ -80,7 +106,7 @@ def token_pairs(
             extra_row.extend([int(parents[i])] * len(toks))
         keep = np.flatnonzero(ascii_)
         values, parents = values.take(pa.array(keep)), parents[keep]
-    lists = pc.split_pattern_regex(pc.ascii_lower(values), _NON_WORD_ASCII)
+    lists = ascii_words(values)
     rows = parents[pc.list_parent_indices(lists).to_numpy()]
     flat = pc.list_flatten(lists)
     nonempty = pc.greater(pc.binary_length(flat), 0)
@@ -129,12 +155,15 @@ class InvertedIndex:
         """Index ``values[i]`` under row id ``rowids[i]`` (one vectorized pass per batch)."""
         postings = self.postings
         toks1, rows1, toksn, groups = grouped(rowids, values)
-        for tok, r in zip(toks1, rows1):
-            bm = postings.get(tok)
-            if bm is None:
-                postings[tok] = BitMap((r,))
-            else:
-                bm.add(r)
+        if not postings.keys() & toks1:  # all new (ids, numbers, names): one C-level pass
+            postings.update(zip(toks1, map(BitMap, zip(rows1))))
+        else:
+            for tok, r in zip(toks1, rows1):
+                bm = postings.get(tok)
+                if bm is None:
+                    postings[tok] = BitMap((r,))
+                else:
+                    bm.add(r)
         for tok, ids in zip(toksn, groups):
             new = bitmap_of(ids) if len(ids) > 64 else BitMap(ids.tolist())
             bm = postings.get(tok)

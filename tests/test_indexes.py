@@ -301,6 +301,20 @@ def test_upsert_delete_keep_every_index_consistent():
         assert set(res.column("id").to_pylist()) <= set(ids.tolist())
 
 
+def test_bulk_batches_after_deletes_and_small_upserts_keep_btrees_exact():
+    """Batches of >= 1,024 rows go straight into the B-trees' main arrays (after merging
+    pending deletes and the delta): every filter still equals pyarrow's answer."""
+    ds = new_ds(2000)
+    ds.upsert(make_table(np.arange(50, 250), seed=3))  # small: through the delta
+    ds.delete(list(range(300, 500)))  # dead positions pending
+    ds.upsert(make_table(np.arange(1000, 3500), seed=4))  # bulk: replaces 1,000, adds 1,500
+    ds.upsert(make_table(np.arange(0, 40), seed=5))
+    assert ds.count() == 3500 - 200
+    for where in FILTERS:
+        assert ids_of(ds, ds.filter_rows(where, PARAMS)) == brute(ds, where), str(where)
+    assert ds.statistics()["indexes"]["price"]["rows"] == 3300
+
+
 def test_upsert_dedupes_keys_within_a_batch_and_insert_refuses_duplicates():
     ds = Dataset.create("d", SCHEMA, "id", INDEXES)
     t = make_table(np.array([1, 2, 1]), seed=3)

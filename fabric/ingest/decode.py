@@ -57,7 +57,7 @@ class JsonDecoder:
     def decode(self, values: Sequence[bytes | None]) -> tuple[pa.RecordBatch, Errors]:
         if not values:
             return pa.RecordBatch.from_pylist([], schema=self.schema), []
-        if self.read_schema is None or any(v is None for v in values):
+        if self.read_schema is None or None in values:
             return decode_json_messages(values, self.schema)
         tables: list[pa.Table] = []
         errors: Errors = []

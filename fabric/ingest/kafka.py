@@ -47,6 +47,7 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    Message,
     Producer,
     TopicPartition,
 )
@@ -404,20 +405,26 @@ class KafkaIngestor:
     def step(self) -> int:
         """One poll + apply + (maybe) lag measurement and checkpoint; returns messages applied."""
         assert self._consumer is not None
-        msgs = self._consumer.consume(self.options.batch_size, self.options.poll_timeout)
-        good = []
-        for m in msgs:
-            err = m.error()
-            if err is None:
-                good.append(m)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                self._error(f"kafka: {err.str()}")
+        msgs = self._poll()
+        if any(map(Message.error, msgs)):  # (a KafkaError is truthy)
+            good = [m for m in msgs if m.error() is None]
+        else:
+            good = msgs
+        if len(good) < len(msgs):
+            for m in msgs:
+                err = m.error()
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    self._error(f"kafka: {err.str()}")
         n = self._apply(good) if good else 0
         now = time.monotonic()
         if self._repartition:
             self._repartition = False
             self._assign_new()
-        if self._lag_thread is None and now >= self._next_lag:
+        # a full batch means behind for sure: the in-loop watermark query (a blocking round
+        # trip per partition) is deferred up to 4 intervals; the estimate moves with what
+        # is applied meanwhile
+        behind = n >= self.options.batch_size and now < self._next_lag + 4 * self._lag_backoff
+        if self._lag_thread is None and now >= self._next_lag and not behind:
             self._measure_lag()
         if (
             self.options.checkpoint_interval
@@ -427,29 +434,44 @@ class KafkaIngestor:
             self.checkpoint()
         return n
 
+    def _poll(self) -> list[Any]:
+        """Up to ``batch_size`` messages, returned as soon as any are there: wait up to
+        ``poll_timeout`` for the first, then take what librdkafka already prefetched
+        without waiting. (``consume(n, timeout)`` alone waits the whole timeout unless n
+        arrive, which adds up to ``poll_timeout`` to every message's latency when caught
+        up; under a backlog both fill the batch at once.)"""
+        assert self._consumer is not None
+        first = self._consumer.consume(1, self.options.poll_timeout)
+        if not first or self.options.batch_size <= 1:
+            return first
+        return first + self._consumer.consume(self.options.batch_size - 1, 0)
+
     def _apply(self, msgs: Sequence[Any]) -> int:
         ds = self.dataset
         limit = self.options.max_message_bytes
         values: list[bytes] = []
         where: list[int] = []  # index into msgs of each value to decode
         tombstones: dict[Any, int] = {}  # key -> index of its last tombstone in the batch
-        ends: dict[int, int] = {}  # partition -> offset after its last message in the batch
-        newest = 0
+        # partition -> offset after its last message in the batch (offset order per partition)
+        last = dict(zip(map(Message.partition, msgs), msgs))
+        ends = {p: m.offset() + 1 for p, m in last.items()}
+        # (type, time) pairs: the max has a real time if any message has one (type 0: none)
+        ts_type, ts = max(map(Message.timestamp, msgs))
+        newest = ts if ts_type and ts > 0 else 0
         dead = 0
-        for i, m in enumerate(msgs):
-            ends[m.partition()] = m.offset() + 1  # in offset order within a partition
-            ts_type, ts = m.timestamp()
-            if ts_type and ts > newest:
-                newest = ts
-            v = m.value()
-            if v is None:
-                dead += self._tombstone(m, i, tombstones)
-            elif len(v) > limit:
-                self.dlq.send(m, f"value of {len(v)} bytes exceeds max_message_bytes={limit}")
-                dead += 1
-            else:
-                values.append(v)
-                where.append(i)
+        vals = list(map(Message.value, msgs))
+        if None not in vals and max(map(len, vals)) <= limit:  # the common case: all to decode
+            values, where = vals, list(range(len(vals)))
+        else:
+            for i, (m, v) in enumerate(zip(msgs, vals)):
+                if v is None:
+                    dead += self._tombstone(m, i, tombstones)
+                elif len(v) > limit:
+                    self.dlq.send(m, f"value of {len(v)} bytes exceeds max_message_bytes={limit}")
+                    dead += 1
+                else:
+                    values.append(v)
+                    where.append(i)
         rows: pa.RecordBatch | None = None
         row_msg: list[int] = []
         if values:
