@@ -78,18 +78,12 @@ class Fabric:
 
     def _source_freshness(self, uri: str) -> Mapping[str, Any] | None:
         """The executor's freshness provider: what ingestion knows of a dataset."""
-        tracker = self.service.tracker
         name = uri[len("dataset://") :] if uri.startswith("dataset://") else uri
-        if name not in tracker.sources():
+        lag = self.service.tracker.lag(name)
+        if lag is None or lag[0] != "kafka":
             return None
-        f = tracker.source(name)
-        if f.kind != "kafka":
-            return None
-        return {
-            "lag_messages": f.lag_messages,
-            "lag_seconds": f.lag_seconds,
-            "event_time": f.newest_event_time,
-        }
+        _kind, lag_messages, lag_seconds, event_time = lag
+        return {"lag_messages": lag_messages, "lag_seconds": lag_seconds, "event_time": event_time}
 
     def close(self) -> None:
         if self._closed:

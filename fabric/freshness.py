@@ -273,6 +273,16 @@ class FreshnessTracker:
         with self._lock:
             return sorted(self._sources)
 
+    def lag(self, name: str) -> tuple[str, int | None, float | None, float | None] | None:
+        """``(kind, lag_messages, lag_seconds, newest_event_time)`` of a source, or None if
+        it is not tracked: the cheap read a query makes (no snapshot, no evaluation)."""
+        with self._lock:
+            s = self._sources.get(name)
+            if s is None:
+                return None
+            lag_seconds = self._lag_seconds(s, self.clock()) if s.kind == "kafka" else s.lag_seconds
+            return s.kind, s.lag_messages, lag_seconds, s.newest_event_time
+
     def binding_sources(self) -> dict[str, tuple[str, ...]]:
         with self._lock:
             return dict(self._bindings)

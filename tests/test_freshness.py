@@ -169,3 +169,15 @@ def test_live_sources_use_their_watermark():
     assert f.lag_seconds == 0.0 and not f.stale
     f = tr.live_freshness("m", _Live(ConnectionError("refused")))
     assert f.stale and "refused" in f.last_error
+
+
+def test_lag_is_the_cheap_read_queries_make_and_agrees_with_the_snapshot(tr):
+    c = tr.clock_
+    assert tr.lag("no_such_source") is None
+    tr.record_applied("news", 5, newest_event_time=c.t - 10)
+    tr.update_lag("news", 250)
+    c.t += 4
+    kind, lag_messages, lag_seconds, newest = tr.lag("news")
+    snap = tr.source("news")
+    assert (kind, lag_messages, newest) == ("kafka", 250, c.t - 14)
+    assert lag_seconds == pytest.approx(snap.lag_seconds)
