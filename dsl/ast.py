@@ -12,6 +12,7 @@ written in YAML and in the compact text form compares equal.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -186,24 +187,30 @@ def sources_of(e: Expr) -> set[str]:
     return {c.source for c in e.columns() if c.source is not None}
 
 
-def replace(e: Expr, fn: Any) -> Expr:
-    """Bottom-up rewrite: ``fn(node) -> node | None`` (None keeps the node)."""
+def replace(e: Expr, fn: Any, *, pre: Any = None) -> Expr:
+    """Rewrite ``e``: ``fn(node) -> node | None`` bottom-up (None keeps the node).
+
+    ``pre(node) -> node | None`` runs top-down first: a node it returns replaces the
+    whole sub-tree, which is not visited further (e.g. substituting an expression that
+    an operator below already computed by the column holding it)."""
+    if pre is not None:
+        hit = pre(e)
+        if hit is not None:
+            return hit
     changes: dict[str, Any] = {}
     for f in fields(e):
         if f.name == "span":
             continue
         v = getattr(e, f.name)
         if isinstance(v, Expr):
-            nv = replace(v, fn)
+            nv = replace(v, fn, pre=pre)
             if nv is not v:
                 changes[f.name] = nv
         elif isinstance(v, tuple) and any(isinstance(x, Expr) for x in v):
-            nt = tuple(replace(x, fn) if isinstance(x, Expr) else x for x in v)
+            nt = tuple(replace(x, fn, pre=pre) if isinstance(x, Expr) else x for x in v)
             if any(a is not b for a, b in zip(nt, v)):
                 changes[f.name] = nt
     if changes:
-        import dataclasses
-
         e = dataclasses.replace(e, **changes)
     out = fn(e)
     return e if out is None else out

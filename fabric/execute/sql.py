@@ -14,7 +14,7 @@ import itertools
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -35,6 +35,7 @@ from dsl.ast import (
     SortKey,
     Star,
     Unary,
+    replace,
 )
 from fabric.functions import FABRIC_FUNCTIONS, register_duckdb, uses_fabric_functions
 
@@ -93,26 +94,11 @@ def substitute(e: Expr, exprmap: Mapping[Expr, str]) -> Expr:
     columns of their output names."""
     if not exprmap:
         return e
-    if e in exprmap and not isinstance(e, Column):
-        return Column(exprmap[e], None)
-    changes: dict[str, Any] = {}
-    for f in fields(e):
-        if f.name == "span":
-            continue
-        v = getattr(e, f.name)
-        if isinstance(v, Expr):
-            nv = substitute(v, exprmap)
-            if nv is not v:
-                changes[f.name] = nv
-        elif isinstance(v, tuple) and any(isinstance(x, Expr) for x in v):
-            nt = tuple(substitute(x, exprmap) if isinstance(x, Expr) else x for x in v)
-            if any(a is not b for a, b in zip(nt, v)):
-                changes[f.name] = nt
-    if not changes:
-        return e
-    import dataclasses
 
-    return dataclasses.replace(e, **changes)
+    def computed(n: Expr) -> Expr | None:
+        return Column(exprmap[n], None) if n in exprmap and not isinstance(n, Column) else None
+
+    return replace(e, lambda n: None, pre=computed)
 
 
 @dataclass
