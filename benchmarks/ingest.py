@@ -9,7 +9,13 @@ confluent-kafka consumption of the same topic in the same run.
 2. the same with a 384-d vector per document (HNSW too);
 3. latency: a producer paced at ``--rate`` msgs/s (with vectors) while the ingestor runs;
    per message, the time from ``produce()`` (Kafka CreateTime) to the moment the batch
-   holding it was applied to every index (``upsert`` returned).
+   holding it was applied to every index (``upsert`` returned: fresh vectors are then
+   searchable exactly in the growing segment), while a reader runs a top-10 vector
+   search every 20 ms (its latency is reported too).
+
+"before" rows run the same workload with the previous code paths, in the same run: the
+row-by-row inverted index insert, and HNSW folding on the write path
+(``Dataset(background_fold=False)``) instead of the background folder.
 
     .venv/bin/python benchmarks/ingest.py [--bootstrap 127.0.0.1:9092] [--docs 100000]
         [--vector-docs 20000] [--rate 5000] [--seconds 10]
@@ -21,7 +27,10 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
+import types
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +42,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from connectors._util import schema_from_spec
 from fabric.ingest import IngestOptions, KafkaIngestor
+from indexes.btree import bitmap_of
 from indexes.dataset import Dataset
+from indexes.inverted import InvertedIndex, doc_tokens
 
 WORDS = [
     "market",
@@ -51,6 +62,29 @@ WORDS = [
 ]
 SCHEMA = {"id": "str", "symbol": "str", "published_at": "timestamp", "body": "str"}
 INDEXES = {"published_at": "btree", "body": "inverted"}
+
+
+def rowwise_add(self: InvertedIndex, rowids: np.ndarray, values) -> None:
+    """The inverted index insert before vectorization (per row, per token), for "before"."""
+    acc: dict[str, list[int]] = defaultdict(list)
+    for rid, v in zip(rowids.tolist(), values.to_pylist()):
+        for t in doc_tokens(v):
+            acc[t].append(rid)
+    for t, ids in acc.items():
+        bm = self.postings.get(t)
+        new = bitmap_of(np.array(ids, dtype=np.uint32))
+        if bm is None:
+            self.postings[t] = new
+        else:
+            bm |= new
+
+
+def new_dataset(name: str, schema: dict, indexes: dict, before: bool) -> Dataset:
+    ds = Dataset.create(name, schema_from_spec(schema), "id", indexes, background_fold=not before)
+    if before:
+        for inv in ds.inverted.values():
+            inv.add = types.MethodType(rowwise_add, inv)  # type: ignore[method-assign]
+    return ds
 
 
 def make_topic(bootstrap: str, name: str, partitions: int) -> str:
@@ -111,9 +145,11 @@ def raw_consume(bootstrap: str, topic: str, n: int) -> float:
 
 
 def fabric_ingest(
-    bootstrap: str, topic: str, n: int, schema: dict, indexes: dict
-) -> tuple[float, Dataset]:
-    ds = Dataset.create("bench", schema_from_spec(schema), "id", indexes)
+    bootstrap: str, topic: str, n: int, schema: dict, indexes: dict, before: bool
+) -> tuple[float, Dataset, float]:
+    """msgs/s until every message is in the dataset, and seconds after that until the
+    HNSW graphs hold every row (0 without vectors)."""
+    ds = new_dataset("bench", schema, indexes, before)
     ing = KafkaIngestor(
         "bench",
         ds,
@@ -131,32 +167,59 @@ def fabric_ingest(
     dt = time.perf_counter() - t0
     ing.stop(checkpoint_now=False)
     assert ds.count() == n, (ds.count(), n)
-    return n / dt, ds
+    t1 = time.perf_counter()
+    assert ds.wait_folded(600)
+    graph = time.perf_counter() - t1
+    ds.close()
+    return n / dt, ds, graph
 
 
 def latency(
-    bootstrap: str, topic: str, rate: int, seconds: float, vecs: list[bytes] | None
-) -> tuple[list[float], float]:
+    bootstrap: str, topic: str, rate: int, seconds: float, vecs: list[bytes] | None, before: bool
+) -> tuple[list[float], float, list[float], int, list[float]]:
+    """(produce->queryable seconds per message, achieved rate, query ms, max growing rows,
+    produce->handed to the ingestor seconds per message: the broker + consumer share)"""
     if vecs is None:
-        ds = Dataset.create("lat", schema_from_spec(SCHEMA), "id", INDEXES)
+        ds = new_dataset("lat", SCHEMA, INDEXES, before)
     else:
-        ds = Dataset.create("lat", schema_from_spec({**SCHEMA, "embedding": "vector[384]"}), "id",
-                            {**INDEXES, "embedding": "hnsw"})  # fmt: skip
+        ds = new_dataset("lat", {**SCHEMA, "embedding": "vector[384]"},
+                         {**INDEXES, "embedding": "hnsw"}, before)  # fmt: skip
     ing = KafkaIngestor(
         "lat", ds, IngestOptions(bootstrap, topic, f"bench-lat-{time.time()}", dead_letter="none")
     )
     lat: list[float] = []
     apply = ing._apply
 
+    fetch: list[float] = []
+
     def timed(msgs):  # the dataset holds the batch when _apply returns
+        got = time.time()
         n = apply(msgs)
         done = time.time()
         lat.extend(done - m.timestamp()[1] / 1000.0 for m in msgs)
+        fetch.extend(got - m.timestamp()[1] / 1000.0 for m in msgs)
         return n
 
     ing._apply = timed
     ing.start()
     time.sleep(1.0)  # let it assign
+    queries: list[float] = []
+    growing = [0]
+    stop = threading.Event()
+
+    def reader() -> None:  # a query every 20 ms while ingesting
+        q = np.random.default_rng(1).standard_normal(384).astype(np.float32)
+        while not stop.wait(0.02):
+            if ds.count() == 0:
+                continue
+            t = time.perf_counter()
+            ds.search("embedding", q, 10)
+            queries.append((time.perf_counter() - t) * 1e3)
+            growing[0] = max(growing[0], ds.growing())
+
+    rt = threading.Thread(target=reader, daemon=True)
+    if vecs is not None:
+        rt.start()
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
     total = int(rate * seconds)
     t0 = time.perf_counter()
@@ -174,8 +237,12 @@ def latency(
     deadline = time.monotonic() + 120
     while len(lat) < total and time.monotonic() < deadline:
         time.sleep(0.05)
+    stop.set()
+    if vecs is not None:
+        rt.join()
     ing.stop(checkpoint_now=False)
-    return lat, achieved
+    ds.close()
+    return lat, achieved, queries, growing[0], fetch
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -191,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--no-before", action="store_true", help="skip the previous code paths")
     a = ap.parse_args(argv)
     run = f"{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": a.bootstrap})
@@ -198,12 +266,24 @@ def main(argv: list[str] | None = None) -> int:
     vecs = vec_pool()
     rows = []
     produced: dict[tuple[int, bool], tuple[str, float]] = {}
+    vschema, vidx = {**SCHEMA, "embedding": "vector[384]"}, {**INDEXES, "embedding": "hnsw"}
+    workloads = [
+        ("docs, no indexes", a.docs, None, SCHEMA, {}, False),
+        ("docs, no vectors", a.docs, None, SCHEMA, INDEXES, False),
+        ("  before", a.docs, None, SCHEMA, INDEXES, True),
+        ("docs + 384-d vector", a.vector_docs, vecs, vschema, vidx, False),
+        ("  before", a.vector_docs, vecs, vschema, vidx, True),
+    ]
+    lat_runs = [
+        ("no vectors", None, False),
+        ("384-d vectors", vecs, False),
+        ("  before", vecs, True),
+    ]
+    if a.no_before:
+        workloads = [w for w in workloads if not w[-1]]
+        lat_runs = [r for r in lat_runs if not r[-1]]
     try:
-        for label, n, vs, schema, idx in (
-            ("docs, no indexes", a.docs, None, SCHEMA, {}),
-            ("docs, no vectors", a.docs, None, SCHEMA, INDEXES),
-            ("docs + 384-d vector", a.vector_docs, vecs, {**SCHEMA, "embedding": "vector[384]"}, {**INDEXES, "embedding": "hnsw"}),
-        ):  # fmt: skip
+        for label, n, vs, schema, idx, before in workloads:
             if (n, vs is None) not in produced:  # the same documents share one topic
                 topic = make_topic(a.bootstrap, f"bench_ingest_{run}_{len(topics)}", a.partitions)
                 topics.append(topic)
@@ -211,13 +291,13 @@ def main(argv: list[str] | None = None) -> int:
                 raw = statistics.median(raw_consume(a.bootstrap, topic, n) for _ in range(3))
                 produced[(n, vs is None)] = (topic, raw)
             topic, raw = produced[(n, vs is None)]
-            fab, _ds = fabric_ingest(a.bootstrap, topic, n, schema, idx)
-            rows.append((label, n, raw, fab))
+            fab, _ds, graph = fabric_ingest(a.bootstrap, topic, n, schema, idx, before)
+            rows.append((label, n, raw, fab, graph))
         lats = []
-        for label, vs in (("no vectors", None), ("384-d vectors", vecs)):
+        for label, vs, before in lat_runs:
             topic = make_topic(a.bootstrap, f"bench_ingest_{run}_lat{len(topics)}", a.partitions)
             topics.append(topic)
-            lats.append((label, *latency(a.bootstrap, topic, a.rate, a.seconds, vs)))
+            lats.append((label, *latency(a.bootstrap, topic, a.rate, a.seconds, vs, before)))
     finally:
         admin.delete_topics(topics)
 
@@ -225,21 +305,31 @@ def main(argv: list[str] | None = None) -> int:
         f"\nKafka -> indexed dataset (noida-db at {a.bootstrap}, {a.partitions} partitions, batch 5000)\n"
     )
     print(
-        f"{'workload':<22}{'messages':>10}{'raw consume msg/s':>20}{'fabric msg/s':>15}{'fabric / raw':>14}"
+        f"{'workload':<22}{'messages':>10}{'raw consume msg/s':>20}{'fabric msg/s':>15}{'fabric / raw':>14}{'graph done +s':>15}"
     )
-    for label, n, raw, fab in rows:
-        print(f"{label:<22}{n:>10,}{raw:>20,.0f}{fab:>15,.0f}{fab / raw:>14.1%}")
+    for label, n, raw, fab, graph in rows:
+        print(f"{label:<22}{n:>10,}{raw:>20,.0f}{fab:>15,.0f}{fab / raw:>14.1%}{graph:>15.1f}")
+    print(
+        "(graph done +s: after the last message was queryable, seconds until the HNSW graph held every row)"
+    )
     print(
         f"\nproduce -> queryable in every index (HNSW when vectors, B-tree, inverted), paced at {a.rate:,} msg/s for {a.seconds:g} s"
     )
     print(
         f"{'documents':<16}{'achieved msg/s':>16}{'messages':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'max ms':>10}"
+        f"{'fetch p99':>11}{'query p50':>11}{'query p99':>11}{'max growing':>13}"
     )
-    for label, lat, achieved in lats:
+    for label, lat, achieved, queries, growing, fetch in lats:
         ms = [x * 1000 for x in lat]
+        qs = f"{pct(queries, 0.5):>11.2f}{pct(queries, 0.99):>11.2f}" if queries else f"{'':>22}"
         print(
             f"{label:<16}{achieved:>16,.0f}{len(ms):>10,}{pct(ms, 0.5):>10.1f}{pct(ms, 0.95):>10.1f}{pct(ms, 0.99):>10.1f}{max(ms):>10.1f}"
+            f"{pct([x * 1000 for x in fetch], 0.99):>11.1f}{qs}{growing:>13,}"
         )
+    print(
+        "(fetch: produce -> the ingestor holds the message, i.e. broker + consumer; query: top-10\n"
+        " vector search every 20 ms during ingestion, ms; max growing: rows in the exact segment)"
+    )
     return 0
 
 

@@ -74,7 +74,10 @@ class JsonDecoder:
         try:
             t = pj.read_json(
                 io.BytesIO(data),
-                read_options=pj.ReadOptions(block_size=max(1 << 20, len(data) + 1)),
+                # one block (the whole batch), so threads only add dispatch cost
+                read_options=pj.ReadOptions(
+                    use_threads=False, block_size=max(1 << 20, len(data) + 1)
+                ),
                 parse_options=self._parse,
             )
             if t.num_rows != len(values):  # empty values, two objects on a line ...
