@@ -147,7 +147,8 @@ def calibrate(
         4 * _best(lambda: [cb(i) for i in range(10_000)], 5) / 10_000 * 1e9
     )  # x4: pybind11
     if ds is not None:
-        _calibrate_dataset(cm, ds, rng)
+        with ds.lock.read(), ds.graph_lock.read():  # no background fold meanwhile
+            _calibrate_dataset(cm, ds, rng)
     cm.calibrated_at = time.time()
     path = save_to or (
         os.path.join(ds.directory, "costs.json")

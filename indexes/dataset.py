@@ -88,6 +88,10 @@ class Dataset:
         self.n = 0  # row ids handed out
         self.rowid_of: dict[Any, int] = {}
         self.lock = RWLock()
+        # the HNSW graphs, their ``folded``/``in_graph`` counters and graph deletes; taken
+        # inside ``lock`` (reader: search; writer: delete, flush) or alone (the folder), so
+        # the folder's inserts never block a write of fresh rows
+        self.graph_lock = RWLock()
         self.directory: str | None = None
         self.cost_model: Any = None  # indexes.cost.CostModel, loaded lazily
         self.feedback: dict[str, dict[str, float]] = {}  # filter -> strategy -> learned cost factor
@@ -194,7 +198,8 @@ class Dataset:
             for c, vi in self.vectors.items():
                 vi.append(start, mats[c])
                 if not self.background_fold:
-                    vi.fold(self.alive, limit=max(vi.fold_chunk, m))  # bounded stall per write
+                    with self.graph_lock.write():  # bounded stall per write
+                        vi.fold(self.alive, limit=max(vi.fold_chunk, m))
             self.version += 1
         if mats and self.background_fold:
             self._kick()
@@ -219,15 +224,17 @@ class Dataset:
                 inv.remove(rowids, old.column(c))
         for bt in self.btrees.values():
             bt.remove(rowids)
-        for vi in self.vectors.values():
-            for r in rowids:
-                vi.delete(r)
         keys = self._scalar_table().column(self.key).take(pa.array(ids)).to_pylist()
         for k, r in zip(keys, rowids):
             if self.rowid_of.get(k) == r:
                 del self.rowid_of[k]
-        self.alive[ids] = False
+        self.alive[ids] = False  # before the graph: see _fold_some
         self.live.difference_update(BitMap(rowids))
+        if self.vectors:
+            with self.graph_lock.write():
+                for vi in self.vectors.values():
+                    for r in rowids:
+                        vi.delete(r)
 
     def set_ef(self, column: str, ef: int) -> None:
         """Change the default HNSW search breadth of ``column`` (saved with the dataset)."""
@@ -243,7 +250,7 @@ class Dataset:
 
     def flush(self) -> None:
         """Fold every growing segment into its HNSW graph now (in this thread)."""
-        with self.lock.write():
+        with self.lock.write(), self.graph_lock.write():
             for vi in self.vectors.values():
                 vi.fold(self.alive, force=True)
         with self._fold_cond:
@@ -285,14 +292,36 @@ class Dataset:
                 self._fold_cond.wait(0.1)
 
     def _fold_some(self) -> int:
-        """One bounded fold step on every due segment; returns row ids advanced."""
-        t0 = time.perf_counter()
+        """One bounded fold step on every due segment; returns row ids advanced.
+
+        The chunk's vectors are copied under the dataset's read lock; the insert runs
+        under ``graph_lock`` only, so writers append fresh rows meanwhile and only
+        searches (and deletes of folded rows) wait. A row deleted after the copy is
+        marked deleted in the graph before ``folded`` moves past it: writers clear
+        ``alive`` before taking ``graph_lock``, and a delete of a row at or above
+        ``folded`` leaves the graph alone.
+        """
         done = 0
-        with self.lock.write():
-            for vi in self.vectors.values():
-                if vi.pending() >= self._due_at(vi):
-                    done += vi.fold_step(self.alive, self.fold_lock_ms)
-        held = time.perf_counter() - t0
+        held = 0.0
+        for vi in self.vectors.values():
+            if vi.pending() < self._due_at(vi):
+                continue
+            with self.lock.read():
+                start = vi.folded
+                end = min(vi.n, start + vi.chunk_rows(self.fold_lock_ms))
+                ids = np.arange(start, end)[self.alive[start:end]]
+                vecs = vi.vectors[ids]
+            t0 = time.perf_counter()
+            with self.graph_lock.write():
+                if vi.folded != start:  # flush() folded meanwhile
+                    continue
+                vi.timed_insert(ids, vecs)
+                for r in ids[~self.alive[ids]].tolist():
+                    vi.graph.mark_deleted(r)
+                    vi.in_graph -= 1
+                vi.folded = end
+            held += time.perf_counter() - t0
+            done += end - start
         self.fold_holds.append(held * 1e3)
         with self._fold_cond:
             self._fold_cond.notify_all()
@@ -338,7 +367,8 @@ class Dataset:
             )
             fresh.upsert(table)
             fresh.flush()
-            keep = {"lock", "directory", "cost_model", "feedback", "version", "background_fold"}
+            keep = {"lock", "graph_lock", "directory", "cost_model", "feedback", "version"}
+            keep.add("background_fold")
             keep |= {"max_growing", "fold_lock_ms", "_fold_wake", "_fold_cond", "_folder"}
             keep.add("_closed")
             for k, v in vars(fresh).items():
@@ -417,7 +447,7 @@ class Dataset:
         """
         from indexes.retrieval import search
 
-        with self.lock.read():
+        with self.lock.read(), self.graph_lock.read():
             rowids, dists, info = search(
                 self, column, query, k, where, params or {}, strategy=strategy, ef=ef, guards=guards
             )
@@ -505,7 +535,7 @@ class Dataset:
         """
         from indexes import store
 
-        with self.lock.read():
+        with self.lock.read(), self.graph_lock.read():
             store.save(self, directory)
             self.directory = directory
 

@@ -117,38 +117,38 @@ class VectorIndex:
         end = self.n if limit is None else min(self.n, self.folded + limit)
         ids = np.arange(self.folded, end)
         ids = ids[alive[self.folded : end]]
-        if len(ids):
-            need = self.in_graph + len(ids)
-            cap = self.graph.get_max_elements()
-            if need > cap:
-                self.graph.resize_index(max(need, 2 * cap))
-            self.graph.add_items(
-                self.vectors[ids],
-                ids,
-                num_threads=threads or self.build_threads,
-                replace_deleted=True,
-            )
-            self.in_graph += len(ids)
+        self.insert(ids, self.vectors[ids], threads)
         self.folded = end
         return len(ids)
+
+    def insert(self, ids: np.ndarray, vecs: np.ndarray, threads: int | None = None) -> None:
+        """Add rows to the graph (labels = row ids), growing it by doubling."""
+        if not len(ids):
+            return
+        need = self.in_graph + len(ids)
+        cap = self.graph.get_max_elements()
+        if need > cap:
+            self.graph.resize_index(max(need, 2 * cap))
+        self.graph.add_items(
+            vecs, ids, num_threads=threads or self.build_threads, replace_deleted=True
+        )
+        self.in_graph += len(ids)
 
     def pending(self) -> int:
         """Rows in the growing segment (not yet folded into the graph)."""
         return self.n - self.folded
 
-    def fold_step(self, alive: np.ndarray, target_ms: float, threads: int = 1) -> int:
-        """Fold the oldest rows of the growing segment for about ``target_ms`` (the chunk is
-        sized from the measured insert cost); returns how many row ids it advanced."""
-        rows = int(min(4096, max(8, target_ms / max(self.fold_ms_per_row, 1e-3))))
-        before = self.folded
+    def chunk_rows(self, target_ms: float) -> int:
+        """Rows one fold step should insert to take about ``target_ms`` (measured cost)."""
+        return int(min(4096, max(8, target_ms / max(self.fold_ms_per_row, 1e-3))))
+
+    def timed_insert(self, ids: np.ndarray, vecs: np.ndarray, threads: int = 1) -> None:
+        """``insert`` that keeps the per-row cost estimate ``chunk_rows`` sizes from."""
         t0 = time.perf_counter()
-        inserted = (
-            self.fold(alive, force=True, limit=rows, threads=threads) if self.pending() else 0
-        )
-        if inserted >= 8:
-            ms = (time.perf_counter() - t0) * 1e3 / inserted
+        self.insert(ids, vecs, threads)
+        if len(ids) >= 8:
+            ms = (time.perf_counter() - t0) * 1e3 / len(ids)
             self.fold_ms_per_row = 0.7 * self.fold_ms_per_row + 0.3 * ms
-        return self.folded - before
 
     def delete(self, rowid: int) -> None:
         if rowid < self.folded:

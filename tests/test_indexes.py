@@ -541,3 +541,25 @@ def test_save_keeps_the_growing_segment_as_rows_and_load_resumes_folding(tmp_pat
             assert got == exact_ids(ds2, q, 5), s
     ds2.max_growing = 500  # a due segment after load is folded in the background
     assert ds2.wait_folded(60) and v2.pending() < 500 and v2.in_graph == v2.folded - 2
+
+
+def test_deletes_racing_the_background_folder_never_leave_dead_rows_in_the_graph():
+    """The folder inserts outside the dataset lock; rows deleted or replaced meanwhile
+    are marked deleted before ``folded`` moves past them."""
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=50, fold_lock_ms=2.0)
+    vi = ds.vectors["emb"]
+    rng = np.random.default_rng(11)
+    for b in range(30):  # writes, replacements and deletes while the folder runs
+        ds.upsert(make_table(np.arange(b * 100, (b + 1) * 100), seed=b))
+        ds.upsert(make_table(rng.choice((b + 1) * 100, 30, replace=False), seed=100 + b))
+        ds.delete(rng.choice((b + 1) * 100, 20, replace=False).tolist())
+    assert ds.wait_folded(60)
+    ds.flush()
+    assert vi.folded == vi.n
+    assert vi.in_graph == int(ds.alive[: vi.n].sum()) == ds.count()
+    live = set(array_of(ds.live).tolist())
+    for q in rng.standard_normal((10, DIM)).astype(np.float32):
+        labels, _ = vi.knn(q, 50, 100)
+        assert set(labels.tolist()) <= live
+        got = ds.search("emb", q, 5, strategy="postfilter")[0].column("id").to_pylist()
+        assert got == exact_ids(ds, q, 5)
