@@ -139,6 +139,7 @@ def raw_consume(bootstrap: str, topic: str, n: int) -> float:
         if msgs and t0 is None:
             t0 = before
         got += sum(1 for m in msgs if m.error() is None)
+    assert t0 is not None
     dt = time.perf_counter() - t0
     c.close()
     return n / dt
@@ -158,12 +159,13 @@ def fabric_ingest(
         ),
     )
     ing._open()
-    t0 = None
+    t0: float | None = None
     while ing.stats.applied < n:
-        before = time.perf_counter()
+        t_step = time.perf_counter()
         got = ing.step()
         if got and t0 is None:  # from the step that returned the first messages (same as raw)
-            t0 = before
+            t0 = t_step
+    assert t0 is not None
     dt = time.perf_counter() - t0
     ing.stop(checkpoint_now=False)
     assert ds.count() == n, (ds.count(), n)
@@ -200,7 +202,7 @@ def latency(
         fetch.extend(got - m.timestamp()[1] / 1000.0 for m in msgs)
         return n
 
-    ing._apply = timed
+    ing._apply = timed  # type: ignore[method-assign]
     ing.start()
     time.sleep(1.0)  # let it assign
     queries: list[float] = []
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     run = f"{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": a.bootstrap})
-    topics = []
+    topics: list[str] = []
     vecs = vec_pool()
     rows = []
     produced: dict[tuple[int, bool], tuple[str, float]] = {}

@@ -453,13 +453,13 @@ class KafkaIngestor:
         where: list[int] = []  # index into msgs of each value to decode
         tombstones: dict[Any, int] = {}  # key -> index of its last tombstone in the batch
         # partition -> offset after its last message in the batch (offset order per partition)
-        last = dict(zip(map(Message.partition, msgs), msgs))
-        ends = {p: m.offset() + 1 for p, m in last.items()}
+        last: dict[Any, Any] = dict(zip(map(Message.partition, msgs), msgs))
+        ends: dict[int, int] = {p: m.offset() + 1 for p, m in last.items()}
         # (type, time) pairs: the max has a real time if any message has one (type 0: none)
         ts_type, ts = max(map(Message.timestamp, msgs))
         newest = ts if ts_type and ts > 0 else 0
         dead = 0
-        vals = list(map(Message.value, msgs))
+        vals: list[Any] = list(map(Message.value, msgs))
         if None not in vals and max(map(len, vals)) <= limit:  # the common case: all to decode
             values, where = vals, list(range(len(vals)))
         else:
