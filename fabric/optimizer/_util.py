@@ -48,32 +48,26 @@ def units(plan: Plan) -> dict[str, Plan]:
     directly above it (what the executor computes per source, in parallel)."""
     out: dict[str, Plan] = {}
 
-    def visit(node: Plan, parent_unit: Plan | None) -> Plan | None:
+    def visit(node: Plan) -> Plan | None:
         # returns the unit top if ``node`` is inside a single-scan chain
         if isinstance(node, Scan | VectorSearch):
             return node
         if isinstance(node, Filter | Derive):
-            below = visit(node.input, None)
-            return node if below is not None else None
+            return node if visit(node.input) is not None else None
         for c in node.children():
-            top = visit(c, None)
+            top = visit(c)
             if top is not None:
-                out[_alias_of_chain(top)] = top
+                out[unit_scan(top).alias] = top
         return None
 
-    top = visit(plan, None)
+    top = visit(plan)
     if top is not None:
-        out[_alias_of_chain(top)] = top
+        out[unit_scan(top).alias] = top
     return out
 
 
-def _alias_of_chain(node: Plan) -> str:
-    while not isinstance(node, Scan | VectorSearch):
-        node = node.children()[0]
-    return node.alias
-
-
 def unit_scan(unit: Plan) -> Scan | VectorSearch:
+    """The Scan or VectorSearch at the bottom of a source unit."""
     while not isinstance(unit, Scan | VectorSearch):
         unit = unit.children()[0]
     return unit

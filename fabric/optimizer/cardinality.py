@@ -29,8 +29,9 @@ from dsl.ast import (
     Param,
     Unary,
     conjuncts,
+    unqualify,
 )
-from fabric.optimizer._util import source_of, units
+from fabric.optimizer._util import aliases, source_of, unit_scan, units
 from fabric.plan.nodes import (
     Aggregate,
     Derive,
@@ -77,7 +78,7 @@ class Estimator:
         unit = self.units.get(col.source or "")
         if unit is None:
             return None
-        scan = _scan_of(unit)
+        scan = unit_scan(unit)
         if not isinstance(scan, Scan):
             return None
         cs = self.stats(scan.uri).columns.get(col.name)
@@ -101,7 +102,7 @@ class Estimator:
             scan = node.input if isinstance(node.input, Scan) else None
             sel = 1.0
             for c in conjuncts(node.predicate):
-                if scan is not None and _unq(c) in scan.inexact:
+                if scan is not None and unqualify(c) in scan.inexact:
                     continue  # already counted in the scan
                 sel *= self.selectivity(c, scan)
             return below * sel
@@ -167,12 +168,10 @@ class Estimator:
     def side_ndv(self, col: Column, join: Join, left: float, right: float) -> float:
         """Distinct values of a join key on its side: the column's ndv (or, unknown, the
         larger side), at most that side's rows and, under a dynamic filter, its keys."""
-        from fabric.optimizer._util import aliases
-
         rows = left if col.source in aliases(join.left) else right
         d = float(self.ndv(col) or max(left, right))
         unit = self.units.get(col.source or "")
-        scan = _scan_of(unit) if unit is not None else None
+        scan = unit_scan(unit) if unit is not None else None
         if isinstance(scan, Scan):
             for dyn in scan.dynamic:
                 if dyn.column == col.name:
@@ -244,18 +243,6 @@ class Estimator:
         if isinstance(e, Like):
             return 0.1
         return DEFAULT_SELECTIVITY
-
-
-def _scan_of(unit: Plan) -> Plan:
-    while not isinstance(unit, Scan | VectorSearch):
-        unit = unit.children()[0]
-    return unit
-
-
-def _unq(e: Expr) -> Expr:
-    from dsl.ast import unqualify
-
-    return unqualify(e)
 
 
 def _eq_column(e: Expr) -> str | None:
