@@ -11,6 +11,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 from fixtures.optimizer import world
+from fixtures.optimizer.scenario_data import textbook_geohash as ref_geohash
 from fixtures.optimizer.world import NOW, C, eq, lit
 
 from connectors.base import Pushdown, SourceError, Watermark
@@ -20,23 +21,6 @@ from fabric.optimizer import optimize
 from fabric.plan.nodes import Aggregate, Filter, Freshness, Join, Limit, Project, Scan, Sort
 
 USERS = range(24)
-
-
-def ref_geohash(lat: float, lon: float, precision: int) -> str:
-    """Textbook geohash, one bit at a time (independent of fabric.functions)."""
-    alphabet = "0123456789bcdefghjkmnpqrstuvwxyz"
-    lat_iv, lon_iv, out, bits, n, even = [-90.0, 90.0], [-180.0, 180.0], "", 0, 0, True
-    while len(out) < precision:
-        iv, v = (lon_iv, lon) if even else (lat_iv, lat)
-        mid = (iv[0] + iv[1]) / 2
-        if v >= mid:
-            bits, iv[0] = bits * 2 + 1, mid
-        else:
-            bits, iv[1] = bits * 2, mid
-        even, n = not even, n + 1
-        if n == 5:
-            out, bits, n = out + alphabet[bits], 0, 0
-    return out
 
 
 @pytest.fixture(scope="module")
