@@ -11,6 +11,7 @@ expected tokens in plain words.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import threading
 from collections.abc import Sequence
@@ -557,9 +558,9 @@ _OPERATORS = {
 }
 
 
+# Tokens that start an operand, besides the ones the grammar's `name` rule accepts.
 _OPERAND_START = {
     "NAME",
-    "QUOTED_NAME",
     "INT",
     "FLOAT",
     "STRING",
@@ -575,48 +576,26 @@ _OPERAND_START = {
     "INTERVAL",
     "TIMESTAMP",
     "STAR",
-    "FIRST",
-    "LAST",
-    "K",
-    "METRIC",
-    "PYTHON",
-    "LIMITS",
-    "PARAMS",
-    "TO",
-    "ASC",
-    "DESC",
-    "NULLS",
-    "BY",
 }
-_SOFT = {
-    "TIMESTAMP",
-    "INTERVAL",
-    "FIRST",
-    "LAST",
-    "K",
-    "METRIC",
-    "PYTHON",
-    "LIMITS",
-    "PARAMS",
-    "TO",
-    "ASC",
-    "DESC",
-    "NULLS",
-    "BY",
-    "QUOTED_NAME",
-}
+
+
+@functools.cache
+def _name_tokens() -> frozenset[str]:
+    """What the grammar's `name` rule accepts besides NAME: `quoted` names and soft keywords."""
+    rules = _get_parser().rules
+    return frozenset(r.expansion[0].name for r in rules if r.origin.name == "name") - {"NAME"}
 
 
 def _expected_words(expected: set[str] | frozenset[str] | None) -> str:
     names = set(expected or ())
     words: list[str] = []
     if {"NAME", "INT", "STRING"} <= names:
-        names -= _OPERAND_START
+        names -= _OPERAND_START | _name_tokens()
         words.append(
             "an expression (a column, a value, a function call or a {{session.<name>}} placeholder)"
         )
     elif "NAME" in names:
-        names -= _SOFT
+        names -= _name_tokens()
     if len(names & _OPERATORS) >= 4:
         names -= _OPERATORS
         words.append("an operator")
