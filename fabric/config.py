@@ -363,28 +363,19 @@ def _load_text(
         )
     L = _Loader(y, env, root)
     L.collect(y.check_keys, doc, TOP_KEYS, "fabric.yaml")
-    conns = L.collect(_connections, L, doc, default={}) if doc.get("connections") else {}
-    datasets = L.collect(_datasets, L, doc, conns, default={}) if doc.get("datasets") else {}
-    bindings = L.collect(_bindings, L, doc, default=()) if doc.get("bindings") else ()
-    signals = (
-        L.collect(_signals, L, doc, default=SignalsConfig())
-        if doc.get("signals")
-        else SignalsConfig()
-    )
-    crypto = (
-        L.collect(_crypto, L, doc, default=CryptoConfig()) if doc.get("crypto") else CryptoConfig()
-    )
-    sandbox = (
-        L.collect(_sandbox, L, doc, default=SandboxConfig())
-        if doc.get("sandbox")
-        else SandboxConfig()
-    )
-    server = (
-        L.collect(_server, L, doc, default=ServerConfig()) if doc.get("server") else ServerConfig()
-    )
-    ingest = (
-        L.collect(_ingest, L, doc, default=IngestConfig()) if doc.get("ingest") else IngestConfig()
-    )
+
+    def section(key: str, fn: Any, default: Any, *args: Any) -> Any:
+        """``fn(L, doc, *args)`` when ``key:`` is given (problems collected), else ``default``."""
+        return L.collect(fn, L, doc, *args, default=default) if doc.get(key) else default
+
+    conns = section("connections", _connections, {})
+    datasets = section("datasets", _datasets, {}, conns)
+    bindings = section("bindings", _bindings, ())
+    signals = section("signals", _signals, SignalsConfig())
+    crypto = section("crypto", _crypto, CryptoConfig())
+    sandbox = section("sandbox", _sandbox, SandboxConfig())
+    server = section("server", _server, ServerConfig())
+    ingest = section("ingest", _ingest, IngestConfig())
     if L.problems:
         raise DslError(L.problems)
     return FabricConfig(
