@@ -21,7 +21,6 @@ list what exists (sources, columns, session values, functions).
 
 from __future__ import annotations
 
-import ast as pyast
 import dataclasses
 from collections.abc import Callable
 from functools import partial
@@ -712,28 +711,13 @@ class _Builder:
     def user_function(self, plan: N.Plan) -> N.Plan:
         pd = self.spec.pushdown
         assert pd is not None
-        try:
-            tree = pyast.parse(pd.python, pd.file)
-        except SyntaxError as e:
-            line = pd.line + (e.lineno or 1) - 1
-            col = (e.offset or 1) + (
-                pd.col - 1  # every line of a YAML block scalar has the same indentation
-            )
-            raise DslError.at(
-                f"python syntax error in pushdown: {e.msg}", Span(pd.file, line, col, line, col + 1)
-            ) from None
-        if not any(isinstance(n, pyast.FunctionDef) and n.name == "run" for n in tree.body):
-            raise DslError.at(
-                "pushdown python must define run(table)",
-                pd.span,
-                "def run(table):  # pyarrow.Table in, pyarrow.Table out",
-            )
-        # the sandbox's static layer (forbidden imports, dunder access, ...) at compile time
-        check_snippet = _sandbox_checker()
-        if check_snippet is not None:
-            diags = check_snippet(pd.python, file=pd.file, line=pd.line, col=pd.col)
-            if diags:
-                raise DslError(diags)
+        # the sandbox's static layer (syntax, `def run(table)`, forbidden imports, dunder
+        # access, ...) at compile time
+        from fabric.sandbox import check_snippet
+
+        diags = check_snippet(pd.python, file=pd.file, line=pd.line, col=pd.col)
+        if diags:
+            raise DslError(diags)
         params = []
         for n in pd.params:
             if n.value not in self.params:
@@ -792,16 +776,6 @@ def _rebuild(e: A.Expr, fn: Callable[[A.Expr], A.Expr]) -> A.Expr:
         elif isinstance(v, tuple) and any(isinstance(x, A.Expr) for x in v):
             changes[f.name] = tuple(fn(x) if isinstance(x, A.Expr) else x for x in v)
     return dataclasses.replace(e, **changes) if changes else e
-
-
-def _sandbox_checker() -> Callable[..., list[Diagnostic]] | None:
-    """The sandbox's ``check_snippet``, or None when the sandbox module is not installed
-    (it is optional at plan time)."""
-    try:
-        from fabric.sandbox import check_snippet
-    except ImportError:
-        return None
-    return check_snippet
 
 
 def _star_item(source: str | None):
