@@ -40,14 +40,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.arrow_expr import NotTranslatable, utcnow
+from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
 from connectors.base import ScanRequest, SourceError
 from dsl.ast import Call, Column, Expr, InList, Param, conjuncts, unqualify
 from dsl.ast import replace as replace_expr
 from fabric import functions
 from fabric.execute import freshness as _fresh
 from fabric.execute.errors import QueryError
-from fabric.execute.sql import Rel, SqlBuilder, UnresolvedColumn, resolve, substitute
+from fabric.execute.sql import Rel, SqlBuilder, UnresolvedColumn, quote, resolve, substitute
 from fabric.optimizer._util import units as _units
 from fabric.plan.nodes import (
     Aggregate,
@@ -589,8 +589,6 @@ class _Run:
         return table
 
     def _constant(self, e: Expr) -> Any:
-        from connectors.arrow_expr import eval_constant
-
         if isinstance(e, Param) and e.name not in self.params:
             raise QueryError(
                 self.binding,
@@ -685,10 +683,9 @@ class _Run:
         raise QueryError(self.binding, f"cannot execute plan node {type(node).__name__}")
 
     def _values(self, e: Expr, table: pa.Table, res: Any, exprmap: dict[Expr, str]) -> Any:
-        v = functions.evaluate(
+        return functions.evaluate(
             substitute(e, exprmap), table, self.params, resolve=res, now=self.now
         )
-        return v
 
     def _sql_over(self, node: Plan, table: pa.Table) -> pa.Table:
         """One unary node over an Arrow table, in DuckDB (expressions pyarrow lacks)."""
@@ -752,7 +749,9 @@ class _Run:
     def _compile_unary(self, b: SqlBuilder, node: Plan, child: Rel) -> Rel:
         q = b.alias()
         if isinstance(node, Project):
-            items = ", ".join(f"{self._expr_sql(b, e, child)} AS {_q(n)}" for n, e, _ in node.items)
+            items = ", ".join(
+                f"{self._expr_sql(b, e, child)} AS {quote(n)}" for n, e, _ in node.items
+            )
             order = f" ORDER BY {child.order}" if child.order else ""
             return Rel(
                 f"SELECT {items} FROM ({child.sql}) AS {q}{order}",
@@ -782,7 +781,7 @@ class _Run:
             )
         if isinstance(node, Aggregate):
             cols = [
-                f"{_typed(self._expr_sql(b, e, child), t)} AS {_q(n)}"
+                f"{_typed(self._expr_sql(b, e, child), t)} AS {quote(n)}"
                 for n, e, t in (*node.group_by, *node.aggregates)
             ]
             group = (
@@ -795,7 +794,9 @@ class _Run:
                 f"SELECT {', '.join(cols)} FROM ({child.sql}) AS {q}{group}", names, _exprmap(node)
             )
         if isinstance(node, Derive):
-            items = ", ".join(f"{self._expr_sql(b, e, child)} AS {_q(n)}" for n, e, _ in node.items)
+            items = ", ".join(
+                f"{self._expr_sql(b, e, child)} AS {quote(n)}" for n, e, _ in node.items
+            )
             return Rel(
                 f"SELECT *, {items} FROM ({child.sql}) AS {q}",
                 child.names + [n for n, _, _ in node.items],
@@ -1025,10 +1026,6 @@ def _exprmap(node: Plan) -> dict[Expr, str]:
     if isinstance(node, Filter | Sort | Limit):
         return _exprmap(node.input)
     return {}
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _kib(n: int) -> str:
