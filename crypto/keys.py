@@ -36,7 +36,7 @@ _PARTS = ("public_key", "relin_keys", "galois_keys")
 _CACHE: dict[str, tuple[tuple[str, int, int], PublicContext]] = {}
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     p = 1
     while p < n:
         p *= 2
@@ -141,7 +141,7 @@ class KeyRing:
             )
         if not np.all(np.isfinite(x)):
             raise ShapeError("cannot encrypt NaN or infinite values")
-        period = _next_pow2(x.size) if replicate else ps.slots
+        period = next_pow2(x.size) if replicate else ps.slots
         pt = seal.Plaintext()
         self._encoder.encode(_seal.layout(x, period, ps.slots).tolist(), ps.scale, pt)
         payload = _seal.to_bytes(self._encryptor.encrypt_symmetric(pt))

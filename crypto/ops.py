@@ -32,7 +32,7 @@ import pyarrow as pa
 from . import _seal
 from .arrow import iter_cells, packed_array
 from .errors import DepthError, ShapeError
-from .keys import PublicContext
+from .keys import PublicContext, next_pow2
 from .params import DEEP_PARAMS, PARAM_SETS
 from .poly import Approximation, poly_depth, sigmoid_approx, step_approx
 from .vector import EncryptedVector, OpRecord
@@ -193,20 +193,20 @@ def weighted(
     ctx: PublicContext, a: Any, weights: Sequence[float] | np.ndarray, bias: float = 0.0
 ) -> EncryptedVector:
     """Weighted score ``w . a + bias`` -> one encrypted value. Depth 1."""
-    ea, ca = _load(ctx, a)
-    _need(ctx, ea, ca, "weighted", 1)
-    _check_period(ctx, ea, "weighted")
-    ct = ctx.engine.mul_plain(ca, _slots_of(ctx, ea, weights, "weighted"))
-    return _total(ctx, ea, ct, OpRecord("weighted", 1, f"d={ea.n}"), ea.depth + 1, bias)
+    return _dot(ctx, a, weights, bias, "weighted")
 
 
 def dot(ctx: PublicContext, a: Any, vector: Sequence[float] | np.ndarray) -> EncryptedVector:
     """Dot product with one plain vector -> one encrypted value. Depth 1."""
+    return _dot(ctx, a, vector, 0.0, "dot")
+
+
+def _dot(ctx: PublicContext, a: Any, w: Any, bias: float, op: str) -> EncryptedVector:
     ea, ca = _load(ctx, a)
-    _need(ctx, ea, ca, "dot", 1)
-    _check_period(ctx, ea, "dot")
-    ct = ctx.engine.mul_plain(ca, _slots_of(ctx, ea, vector, "dot"))
-    return _total(ctx, ea, ct, OpRecord("dot", 1, f"d={ea.n}"), ea.depth + 1)
+    _need(ctx, ea, ca, op, 1)
+    _check_period(ctx, ea, op)
+    ct = ctx.engine.mul_plain(ca, _slots_of(ctx, ea, w, op))
+    return _total(ctx, ea, ct, OpRecord(op, 1, f"d={ea.n}"), ea.depth + 1, bias)
 
 
 def finish(ctx: PublicContext, a: Any) -> EncryptedVector:
@@ -262,9 +262,7 @@ def _prepared_query(ctx, ev: EncryptedVector, ct, finish_: bool, op: str):
     _need(ctx, ev, ct, op, 1)
     if ev.stride != 1:
         raise ShapeError(f"{op}: the encrypted vector must be a plain n-value vector (stride 1)")
-    p = 1
-    while p < ev.n:
-        p *= 2
+    p = next_pow2(ev.n)
     if p > ctx.params.max_period:
         raise ShapeError(
             f"{op}: encrypted[{ev.n}] needs rotations by up to {p // 2} slots, but parameter set "
