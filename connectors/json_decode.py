@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from connectors._util import JSON_META, is_json_field
+from connectors._util import JSON_META, _utc, is_json_field
 
 _MISSING = object()
 
@@ -43,10 +43,6 @@ def get_path(doc: Mapping[str, Any], name: str) -> Any:
             return _MISSING
         cur = cur[part]
     return cur
-
-
-def _utc(v: dt.datetime) -> dt.datetime:
-    return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
 
 
 def _json_default(v: Any) -> Any:
