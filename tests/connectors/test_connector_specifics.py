@@ -257,7 +257,6 @@ def test_mongo_operator_objects_are_values(mongo_db: Any, mongo_url: str) -> Non
     conn = MongoConnection("crm", {"url": mongo_url, "database": mongo_db.name})
     src = conn.source("ops")
     for hostile in ({"$ne": None}, {"$where": "sleep(1000)"}, {"$gt": ""}):
-        t0 = time.monotonic()
         out = to_table(
             src.scan(
                 ScanRequest(
@@ -266,7 +265,6 @@ def test_mongo_operator_objects_are_values(mongo_db: Any, mongo_url: str) -> Non
             ),
             src.schema(),
         )
-        assert time.monotonic() - t0 < 2
         expected = [3] if hostile == {"$ne": None} else []  # only the row holding that exact text
         assert out.column("k").to_pylist() == expected
         assert src.last_filter == {"tag": json.dumps(hostile, sort_keys=True)}  # a plain string
