@@ -13,6 +13,7 @@ and the problem is exposed in ``diagnostics`` (and logged as a warning).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -125,7 +126,6 @@ class Compiler:
         inferred from the given session values."""
         digest = content_hash(text + "\0" + (python or ""))
         inferred = ""
-        spec: BindingSpec | None = None
         if session:
             try:
                 inferred = ",".join(f"{k}:{infer_type(v)}" for k, v in sorted(session.items()))
@@ -272,20 +272,28 @@ class BindingFiles:
             self.reloads += 1
         return changed
 
-    def _recompile(self, name: str, st: _FileState) -> None:
+    def _compile(self, name: str, st: _FileState) -> CompiledBinding:
+        """Compile ``name`` from its file; its problems are recorded (and the DslError raised)
+        or cleared, and a success replaces the served plan."""
         try:
             compiled = self.compiler.compile(st.specs[name], st.digest, {st.display: st.text})
         except DslError as e:
             self._compile_problems[name] = e.diagnostics
+            raise
+        self._compile_problems.pop(name, None)
+        self._compiled[name] = compiled
+        return compiled
+
+    def _recompile(self, name: str, st: _FileState) -> None:
+        try:
+            self._compile(name, st)
+        except DslError as e:
             if name in self._compiled:
                 log.warning(
                     "binding %s: the edit does not compile; still serving its last good plan:\n%s",
                     name,
                     e.format(),
                 )
-            return
-        self._compile_problems.pop(name, None)
-        self._compiled[name] = compiled
 
     # ---- lookup
     def names(self) -> list[str]:
@@ -301,17 +309,12 @@ class BindingFiles:
                 if cb is not None:
                     return cb
                 raise LookupError(self._unknown(name))
-            st = self._files[path]
             try:
-                compiled = self.compiler.compile(st.specs[name], st.digest, {st.display: st.text})
-            except DslError as e:
-                self._compile_problems[name] = e.diagnostics
+                return self._compile(name, self._files[path])
+            except DslError:
                 if cb is not None:
                     return cb
                 raise
-            self._compile_problems.pop(name, None)
-            self._compiled[name] = compiled
-            return compiled
 
     def _unknown(self, name: str) -> str:
         names = self.names()
@@ -341,14 +344,8 @@ class BindingFiles:
         self.scan()
         with self._lock:
             for name, path in list(self._owner.items()):
-                st = self._files[path]
-                try:
-                    self._compiled[name] = self.compiler.compile(
-                        st.specs[name], st.digest, {st.display: st.text}
-                    )
-                    self._compile_problems.pop(name, None)
-                except DslError as e:
-                    self._compile_problems[name] = e.diagnostics
+                with contextlib.suppress(DslError):  # recorded in _compile_problems
+                    self._compile(name, self._files[path])
             return self.diagnostics
 
     # ---- watching
