@@ -1,4 +1,4 @@
-"""Helpers shared by the optimizer rules: source lookup, aliases, source units."""
+"""Helpers shared by the optimizer rules: source lookup, aliases, units, node replacement."""
 
 from __future__ import annotations
 
@@ -71,3 +71,15 @@ def unit_scan(unit: Plan) -> Scan | VectorSearch:
     while not isinstance(unit, Scan | VectorSearch):
         unit = unit.children()[0]
     return unit
+
+
+def replace_node(node: Plan, old: Plan, new: Plan) -> Plan:
+    """``node`` with the subtree ``old`` (by identity) replaced by ``new``; subtrees that
+    do not contain ``old`` are kept as they are."""
+    if node is old:
+        return new
+    children = node.children()
+    if not children:
+        return node
+    out = tuple(replace_node(c, old, new) for c in children)
+    return node if all(a is b for a, b in zip(out, children)) else node.with_children(*out)

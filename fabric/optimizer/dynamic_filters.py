@@ -26,7 +26,7 @@ from typing import Any
 
 from connectors.base import Pushdown
 from dsl.ast import Binary, Column, Expr, InList, Param, conjuncts, sources_of
-from fabric.optimizer._util import aliases, ask_filter, derived_names
+from fabric.optimizer._util import aliases, ask_filter, derived_names, replace_node
 from fabric.optimizer.cardinality import Estimator
 from fabric.plan.nodes import Derive, DynamicFilter, Filter, Join, Plan, Scan, Sort
 
@@ -104,7 +104,7 @@ def _try(
     new_scan = dataclasses.replace(
         scan, dynamic=(*scan.dynamic, DynamicFilter(key.name, from_expr, MAX_KEYS))
     )
-    return _replace_node(root, scan, new_scan)
+    return replace_node(root, scan, new_scan)
 
 
 def _target_scan(big: Plan, key: Column) -> Scan | None:
@@ -144,13 +144,3 @@ def _depends_on(root: Plan, alias: str, target: str) -> bool:
         seen.add(a)
         todo.extend(deps.get(a, ()))
     return False
-
-
-def _replace_node(node: Plan, old: Plan, new: Plan) -> Plan:
-    if node is old:
-        return new
-    children = node.children()
-    if not children:
-        return node
-    out = tuple(_replace_node(c, old, new) for c in children)
-    return node if all(a is b for a, b in zip(out, children)) else node.with_children(*out)

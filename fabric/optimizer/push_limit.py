@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from dsl.ast import Column, SortKey
-from fabric.optimizer._util import capabilities
+from fabric.optimizer._util import capabilities, replace_node
 from fabric.plan.nodes import Derive, Limit, Plan, Project, Scan, Sort
 
 
@@ -70,7 +70,7 @@ def _push(limit: Limit, catalog: Any) -> Plan | None:
     if scan.limit == n and scan.order_by == tuple(mapped):
         return None
     new_scan = dataclasses.replace(scan, limit=n, order_by=tuple(mapped))
-    return _replace(limit, scan, new_scan)
+    return replace_node(limit, scan, new_scan)
 
 
 def _resolve(e: Any, path: list[Plan], scan: Scan) -> str | None:
@@ -98,12 +98,3 @@ def _resolve(e: Any, path: list[Plan], scan: Scan) -> str | None:
     if isinstance(e, Column) and e.source == scan.alias and e.name in scan.source_schema.names:
         return e.name
     return None
-
-
-def _replace(node: Plan, old: Plan, new: Plan) -> Plan:
-    if node is old:
-        return new
-    children = node.children()
-    if not children:
-        return node
-    return node.with_children(*(_replace(c, old, new) for c in children))
