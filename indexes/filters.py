@@ -51,8 +51,15 @@ class Estimate:
 
 class Pred:
     indexed = True
+    _est: Estimate | None = None
 
     def estimate(self) -> Estimate:
+        """Computed once per predicate (``_estimate``); composite predicates override it."""
+        if self._est is None:
+            self._est = self._estimate()
+        return self._est
+
+    def _estimate(self) -> Estimate:
         raise NotImplementedError
 
     def evaluate(self, within: Any) -> Any:
@@ -67,20 +74,13 @@ class Pred:
 
 class RangePred(Pred):
     def __init__(self, ds: Any, column: str, ranges: list[Range], text: Any):
-        self.ds, self.column, self.ranges, self.text = (
-            ds,
-            column,
-            ranges,
-            text,
-        )  # text: str(expr) lazily
+        self.ds, self.column, self.ranges = ds, column, ranges
+        self.text = text  # str(expr) lazily
         self.bt = ds.btrees[column]
-        self._est: Estimate | None = None
 
-    def estimate(self) -> Estimate:
-        if self._est is None:
-            c = self.bt.count(self.ranges)
-            self._est = Estimate(c, True, c)
-        return self._est
+    def _estimate(self) -> Estimate:
+        c = self.bt.count(self.ranges)
+        return Estimate(c, True, c)
 
     def evaluate(self, within: Any) -> Any:
         if within is None:
@@ -97,13 +97,10 @@ class RangePred(Pred):
 class MatchPred(Pred):
     def __init__(self, ds: Any, column: str, tokens: list[str], text: Any):
         self.inv, self.tokens, self.text = ds.inverted[column], tokens, text
-        self._est: Estimate | None = None
 
-    def estimate(self) -> Estimate:
-        if self._est is None:
-            c = self.inv.match_count(self.tokens)
-            self._est = Estimate(c, True, c)
-        return self._est
+    def _estimate(self) -> Estimate:
+        c = self.inv.match_count(self.tokens)
+        return Estimate(c, True, c)
 
     def evaluate(self, within: Any) -> Any:
         out = self.inv.match(self.tokens)
@@ -131,22 +128,19 @@ class ResidualPred(Pred):
             self.arrow = to_arrow(expr, params, now=now)
         except (NotTranslatable, KeyError) as e:
             raise DatasetError(f"dataset {ds.name!r}: cannot apply filter {expr}: {e}") from None
-        self._est: Estimate | None = None
 
     def _mask(self, ids: np.ndarray) -> np.ndarray:
         t = self.ds._scalar_table().select(self.cols).take(pa.array(ids.astype(np.int64)))
         t = t.append_column("__rowid", pa.array(ids.astype(np.uint32)))
         return t.filter(self.arrow).column("__rowid").to_numpy()
 
-    def estimate(self) -> Estimate:
-        if self._est is None:
-            from indexes.dataset import sample_rowids
+    def _estimate(self) -> Estimate:
+        from indexes.dataset import sample_rowids
 
-            n = len(self.ds.live)
-            ids = sample_rowids(self.ds, SAMPLE)
-            frac = (len(self._mask(ids)) / len(ids)) if len(ids) else 0.0
-            self._est = Estimate(round(frac * n), len(ids) >= n, n)
-        return self._est
+        n = len(self.ds.live)
+        ids = sample_rowids(self.ds, SAMPLE)
+        frac = (len(self._mask(ids)) / len(ids)) if len(ids) else 0.0
+        return Estimate(round(frac * n), len(ids) >= n, n)
 
     def evaluate(self, within: Any) -> Any:
         ids = array_of(within if within is not None else self.ds.live)
