@@ -299,7 +299,7 @@ def search(
     else:
         info.chosen = min(info.alternatives, key=lambda a: a.cost_ms).strategy
     info.plan_ms = (time.perf_counter() - t0) * 1e3
-    ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, where)
+    ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info)
     if strategy is None and pred is not None:
         for s, p in ds.feedback.get(info.feedback_key, {}).items():
             if s != info.chosen:  # forget slowly, so a strategy that failed gets retried
@@ -434,7 +434,6 @@ def _run(
     c: int,
     exact_count: bool,
     info: RetrievalExplain,
-    where: Expr | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     s = info.chosen
     info.executed = s
@@ -446,7 +445,7 @@ def _run(
         return exact_on(vi, q, array_of(cand) if cand is not None else array_of(ds.live), k, cm)
     if s == "insearch":
         return _insearch(ds, vi, cm, q, k, ef, cand, info)
-    return _postfilter(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, where)
+    return _postfilter(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info)
 
 
 def _exact_scan(
@@ -475,7 +474,6 @@ def _postfilter(
     c: int,
     exact_count: bool,
     info: RetrievalExplain,
-    where: Expr | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     n = max(len(ds.live), 1)
     sel = c / n
