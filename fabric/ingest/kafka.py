@@ -277,12 +277,7 @@ class KafkaIngestor:
         self._thread = self._lag_thread = None
         if checkpoint_now and self._dirty:
             self.checkpoint()
-        if self._consumer is not None:
-            try:
-                self._consumer.close()
-            except Exception as exc:
-                log.debug("closing consumer: %s", exc)
-            self._consumer = None
+        self._close()
 
     def run_until(
         self, done: Callable[[KafkaIngestor], bool], timeout: float | None = None
@@ -354,13 +349,16 @@ class KafkaIngestor:
         self.partitions = []
         self._measure_lag()  # reads the topic's partitions and assigns them
 
-    def _reopen(self) -> None:
+    def _close(self) -> None:
         if self._consumer is not None:
             try:
                 self._consumer.close()
             except Exception as exc:
                 log.debug("closing consumer: %s", exc)
-        self._consumer = None
+            self._consumer = None
+
+    def _reopen(self) -> None:
+        self._close()
         self._open()
 
     def _assign_new(self) -> None:
