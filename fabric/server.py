@@ -113,20 +113,14 @@ def create_app(
 
     async def freshness(request: Request) -> Response:
         snap = tracker.snapshot()
-        if name := request.query_params.get("source"):
-            if name not in snap["sources"]:
-                return JSONResponse(
-                    {"error": f"unknown source {name!r}", "sources": sorted(snap["sources"])},
-                    status_code=404,
-                )
-            return JSONResponse(snap["sources"][name])
-        if name := request.query_params.get("binding"):
-            if name not in snap["bindings"]:
-                return JSONResponse(
-                    {"error": f"unknown binding {name!r}", "bindings": sorted(snap["bindings"])},
-                    status_code=404,
-                )
-            return JSONResponse(snap["bindings"][name])
+        for kind, section in (("source", "sources"), ("binding", "bindings")):
+            if name := request.query_params.get(kind):
+                if name not in snap[section]:
+                    return JSONResponse(
+                        {"error": f"unknown {kind} {name!r}", section: sorted(snap[section])},
+                        status_code=404,
+                    )
+                return JSONResponse(snap[section][name])
         return JSONResponse(snap)
 
     async def metrics(request: Request) -> Response:
