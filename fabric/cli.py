@@ -11,6 +11,7 @@ fabric demo ...    (fabric.demo)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -21,23 +22,15 @@ from dsl.errors import Diagnostic, DslError, Span
 
 
 def _print_diagnostics(diags: Sequence[Diagnostic], out: Any) -> None:
-    for d in diags:
-        print(_with_line(d).format(), file=out)
+    """Print ``diags``, filling missing underlined lines from their files (each read once)."""
+    from dsl.parser import attach_source
 
-
-def _with_line(d: Diagnostic) -> Diagnostic:
-    """Fill the underlined source line from the file when the diagnostic lacks it."""
-    if d.span is None or d.source_line is not None:
-        return d
-    try:
-        lines = Path(d.span.file).read_text().splitlines()
-    except OSError:
-        return d
-    if 0 < d.span.line <= len(lines):
-        import dataclasses
-
-        return dataclasses.replace(d, source_line=lines[d.span.line - 1])
-    return d
+    texts: dict[str, str] = {}
+    for f in {d.span.file for d in diags if d.span is not None and d.source_line is None}:
+        with contextlib.suppress(OSError):
+            texts[f] = Path(f).read_text()
+    for d in attach_source(DslError(diags), texts).diagnostics:
+        print(d.format(), file=out)
 
 
 def _config_path(arg: str | None) -> Path | None:
