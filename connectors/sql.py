@@ -239,13 +239,6 @@ class SqlSource(Source):
         yield from batches
 
 
-def _param_is_list(e: Expr, name: str) -> bool:
-    return any(
-        isinstance(x, InList) and isinstance(x.items, Param) and x.items.name == name
-        for x in e.walk()
-    )
-
-
 class _Translator:
     """dsl.ast -> SQLAlchemy, binding every constant. ``value()`` returns (clause, arrow type)."""
 
