@@ -193,7 +193,7 @@ def translatable(e: Expr, params: Mapping[str, Any] | None = None) -> bool:
     """Whether ``to_arrow`` can translate ``e`` (params may be unbound at plan time)."""
     probe = dict(params or {})
     for p in e.params():
-        probe.setdefault(p, [0] if _param_is_list(e, p) else 0)
+        probe.setdefault(p, [0] if param_is_list(e, p) else 0)
     try:
         to_arrow(e, probe)
         return True
@@ -201,7 +201,7 @@ def translatable(e: Expr, params: Mapping[str, Any] | None = None) -> bool:
         return False
 
 
-def _param_is_list(e: Expr, name: str) -> bool:
+def param_is_list(e: Expr, name: str) -> bool:
     return any(
         isinstance(x, InList) and isinstance(x.items, Param) and x.items.name == name
         for x in e.walk()

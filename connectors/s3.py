@@ -20,6 +20,7 @@ counts are in ``last_scan`` (files/row groups total and read, rows returned).
 
 from __future__ import annotations
 
+import datetime as dt
 import fnmatch
 import os
 from collections.abc import Iterator, Mapping
@@ -33,12 +34,13 @@ from pyarrow import fs as pafs
 
 from connectors._util import (
     BadValueError,
+    _column_of,
     apply_locally,
     flat_options,
     schema_from_spec,
     typed_params,
 )
-from connectors.arrow_expr import NotTranslatable, to_arrow, utcnow
+from connectors.arrow_expr import NotTranslatable, param_is_list, to_arrow, utcnow
 from connectors.base import (
     ColumnStats,
     Connection,
@@ -50,7 +52,7 @@ from connectors.base import (
     UnknownObjectError,
     Watermark,
 )
-from dsl.ast import Expr, and_all
+from dsl.ast import Between, Binary, Expr, InList, Like, Param, and_all
 
 _EXT = {
     ".parquet": "parquet",
@@ -65,37 +67,23 @@ _EXT = {
 _GLOB = set("*?[")
 
 
+def _sample(t: pa.DataType) -> Any:
+    """A value of Arrow type ``t`` (0 for types without a sample)."""
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return 0.0
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ""
+    if pa.types.is_boolean(t):
+        return False
+    if pa.types.is_timestamp(t):
+        return dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    if pa.types.is_date(t):
+        return dt.date(2000, 1, 1)
+    return 0
+
+
 def probe_params(expr: Expr, schema: pa.Schema) -> dict[str, Any]:
     """Sample session values of the right type for checking a filter before values exist."""
-    import datetime as dt
-
-    from connectors._util import _column_of
-    from dsl.ast import Between, Binary, InList, Like, Param
-
-    samples = {
-        "int": 0,
-        "float": 0.0,
-        "str": "",
-        "bool": False,
-        "date": dt.date(2000, 1, 1),
-        "timestamp": dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
-    }
-
-    def sample(t: pa.DataType) -> Any:
-        if pa.types.is_integer(t):
-            return samples["int"]
-        if pa.types.is_floating(t) or pa.types.is_decimal(t):
-            return samples["float"]
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            return samples["str"]
-        if pa.types.is_boolean(t):
-            return samples["bool"]
-        if pa.types.is_timestamp(t):
-            return samples["timestamp"]
-        if pa.types.is_date(t):
-            return samples["date"]
-        return 0
-
     out: dict[str, Any] = {}
     for x in expr.walk():
         pairs: list[tuple[Any, Any, bool]] = []
@@ -113,12 +101,10 @@ def probe_params(expr: Expr, schema: pa.Schema) -> dict[str, Any]:
         for a, b, many in pairs:
             c = _column_of(a)
             if isinstance(b, Param) and c is not None and c.name in schema.names:
-                v = sample(schema.field(c.name).type)
+                v = _sample(schema.field(c.name).type)
                 out[b.name] = [v] if many else v
     for p in expr.params():
-        out.setdefault(
-            p, [0] if any(isinstance(x, InList) and x.items == Param(p) for x in expr.walk()) else 0
-        )
+        out.setdefault(p, [0] if param_is_list(expr, p) else 0)
     return out
 
 
@@ -399,8 +385,6 @@ class S3Source(Source):
 
 
 def _utc(v: Any) -> Any:
-    import datetime as dt
-
     return v.replace(tzinfo=dt.UTC) if isinstance(v, dt.datetime) and v.tzinfo is None else v
 
 
