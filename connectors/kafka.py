@@ -80,6 +80,33 @@ class _Snapshot:
     resets: int
 
 
+def _with_meta(schema: pa.Schema) -> pa.Schema:
+    """``schema`` plus the message columns __partition, __offset and __ts."""
+    return (
+        schema.append(pa.field("__partition", pa.int32()))
+        .append(pa.field("__offset", pa.int64()))
+        .append(pa.field("__ts", pa.float64()))
+    )
+
+
+def _decode(
+    values: list[Any], meta: list[tuple[int, int, float]], schema: pa.Schema
+) -> tuple[pa.Table, list[tuple[int, str]]]:
+    """The JSON messages ``values`` as a table of ``_with_meta(schema)`` (bad ones left
+    out) and the bad ones as (index into ``values``, reason)."""
+    batch, errs = decode_json_messages(values, schema)
+    if errs:
+        bad = {i for i, _ in errs}
+        meta = [x for i, x in enumerate(meta) if i not in bad]
+    arrays = [
+        *batch.columns,
+        pa.array([x[0] for x in meta], pa.int32()),
+        pa.array([x[1] for x in meta], pa.int64()),
+        pa.array([x[2] for x in meta], pa.float64()),
+    ]
+    return pa.Table.from_arrays(arrays, schema=_with_meta(schema)), errs
+
+
 class _Recreated(Exception):
     """The log is shorter than the cache (``end: eof`` catch-up): reset and read again."""
 
@@ -110,11 +137,7 @@ class _Tail:
         self.conn: KafkaConnection = weakref.proxy(conn)
         self.topic = topic
         self.schema = schema
-        self.full = (
-            schema.append(pa.field("__partition", pa.int32()))
-            .append(pa.field("__offset", pa.int64()))
-            .append(pa.field("__ts", pa.float64()))
-        )
+        self.full = _with_meta(schema)
         self.lock = threading.Lock()
         self.consumer: Any = None
         self.closed = False
@@ -319,15 +342,8 @@ class _Tail:
         return read
 
     def _append(self, values: list[Any], meta: list[tuple[int, int, float]]) -> None:
-        batch, errs = decode_json_messages(values, self.schema)
-        if errs:
-            bad = {i for i, _ in errs}
-            self.bad.extend((*meta[i][:3], why) for i, why in errs)
-            meta = [x for i, x in enumerate(meta) if i not in bad]
-        table = pa.Table.from_batches([batch], schema=self.schema)
-        table = table.append_column("__partition", pa.array([x[0] for x in meta], pa.int32()))
-        table = table.append_column("__offset", pa.array([x[1] for x in meta], pa.int64()))
-        table = table.append_column("__ts", pa.array([x[2] for x in meta], pa.float64()))
+        table, errs = _decode(values, meta, self.schema)
+        self.bad.extend((*meta[i], why) for i, why in errs)
         if table.num_rows:
             mx = pc.max(table["__ts"]).as_py()
             self.newest = mx if self.newest is None else max(self.newest, mx)
@@ -646,25 +662,13 @@ class KafkaSource(Source):
                     if not values:
                         continue
                     stats["messages"] += len(values)
-                    batch, errs = decode_json_messages(values, self._schema)
+                    table, errs = _decode(values, meta, self._schema)
                     if errs:
                         stats["bad_messages"] += len(errs)
                         room = 100 - len(self.errors)
                         self.errors.extend(
                             (meta[i][0], meta[i][1], why) for i, why in errs[: max(room, 0)]
                         )
-                        bad = {i for i, _ in errs}
-                        meta = [x for i, x in enumerate(meta) if i not in bad]
-                    table = pa.Table.from_batches([batch], schema=self._schema)
-                    table = table.append_column(
-                        "__partition", pa.array([x[0] for x in meta], pa.int32())
-                    )
-                    table = table.append_column(
-                        "__offset", pa.array([x[1] for x in meta], pa.int64())
-                    )
-                    table = table.append_column(
-                        "__ts", pa.array([x[2] for x in meta], pa.float64())
-                    )
                     if tsf is not None and (lo_t is not None or hi_t is not None):
                         table = _event_time_filter(table, tsf, lo_t, hi_t)
                     if table.num_rows:
@@ -699,13 +703,9 @@ class KafkaSource(Source):
                 },
             )
         if request.latest_by:
-            full = (
-                self._schema.append(pa.field("__partition", pa.int32()))
-                .append(pa.field("__offset", pa.int64()))
-                .append(pa.field("__ts", pa.float64()))
-            )
             table = latest(
-                pa.Table.from_batches(keep, schema=full), list(request.latest_by)
+                pa.Table.from_batches(keep, schema=_with_meta(self._schema)),
+                list(request.latest_by),
             ).select(cols)
             if left is not None:
                 table = table.slice(0, left)
