@@ -49,7 +49,6 @@ class Fabric:
         )
         self.compiler = Compiler(self.catalog)
         self.bindings = BindingFiles(self.compiler, config.binding_files, config.root)
-        self._ingest = ingest
         self._closed = False
         self.service: Any = None
         if not offline:
