@@ -41,7 +41,7 @@ from .errors import (
 )
 from .limits import SandboxLimits
 from .policy import ALLOWED_MODULES, resolve_modules
-from .protocol import MAX_HEADER_BYTES, PREFIX, encode
+from .protocol import MAX_HEADER_BYTES, PREFIX, encode, ipc_bytes, ipc_into
 from .static import check_snippet
 
 log = logging.getLogger("fabric.sandbox")
@@ -170,17 +170,10 @@ class _Worker:
     def request(self, header: dict, table: pa.Table) -> list:
         """Frame a call; the table goes through shared memory when it fits."""
         if self.shm_in is not None:
-            try:
-                out = pa.FixedSizeBufferWriter(pa.py_buffer(self.shm_in))
-                with pa.ipc.new_stream(out, table.schema) as writer:
-                    writer.write_table(table)
-                return encode({**header, "shm": out.tell()})
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError):
-                pass  # larger than the region: send it down the pipe
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return encode(header, sink.getvalue())
+            size = ipc_into(pa.py_buffer(self.shm_in), table)
+            if size is not None:
+                return encode({**header, "shm": size})
+        return encode(header, ipc_bytes(table))  # no region, or larger than it: by pipe
 
     def _read(self, n: int, deadline, check) -> bytearray:
         buf = bytearray(n)

@@ -269,19 +269,11 @@ def _encode_result(result, limits: dict, shm_out) -> tuple[dict, bytes]:
             None,
         ), b""
     if shm_out is not None:
-        try:
-            out = pa.FixedSizeBufferWriter(shm_out)
-            with pa.ipc.new_stream(out, result.schema) as writer:
-                writer.write_table(result)
-            size = out.tell()
-            if size <= limits["output_bytes"]:
-                return {"status": "ok", "rows": result.num_rows, "shm": size}, b""
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError):
-            pass  # larger than the region: measured below, sent through the pipe if allowed
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, result.schema) as writer:
-        writer.write_table(result)
-    buf = sink.getvalue()
+        size = protocol.ipc_into(shm_out, result)
+        if size is not None and size <= limits["output_bytes"]:
+            return {"status": "ok", "rows": result.num_rows, "shm": size}, b""
+    # no region, or larger than it: measured here, sent through the pipe if allowed
+    buf = protocol.ipc_bytes(result)
     if buf.size > limits["output_bytes"]:
         return _error(
             "violation",
