@@ -96,11 +96,14 @@ def load_mongo(url: str, t: pa.Table) -> Any:
 
     from connectors.mongo import MongoConnection
 
-    client = pymongo.MongoClient(url)
-    db = client["fabric_bench"]
-    db.merchants.drop()
-    db.merchants.insert_many(t.to_pylist(), ordered=False)
-    db.merchants.create_index([("city", 1), ("score", 1)])
+    client: Any = pymongo.MongoClient(url)
+    try:
+        db = client["fabric_bench"]
+        db.merchants.drop()
+        db.merchants.insert_many(t.to_pylist(), ordered=False)
+        db.merchants.create_index([("city", 1), ("score", 1)])
+    finally:
+        client.close()
     return MongoConnection("bench", {"url": url, "database": "fabric_bench"}).source("merchants")
 
 
@@ -147,14 +150,18 @@ def load_kafka(bootstrap: str, t: pa.Table) -> tuple[Any, TopicFactory]:
     ), topics
 
 
+def _pct(times: list[float]) -> tuple[float, float]:
+    times = sorted(times)
+    return statistics.median(times), times[min(len(times) - 1, int(0.95 * len(times)))]
+
+
 def timed(fn: Callable[[], int], repeat: int) -> tuple[float, float, int]:
     times, rows = [], 0
     for _ in range(repeat):
         t0 = time.perf_counter()
         rows = fn()
         times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
-    return statistics.median(times), times[min(len(times) - 1, int(0.95 * len(times)))], rows
+    return (*_pct(times), rows)
 
 
 def scan_rows(src: Source, req: ScanRequest) -> int:
@@ -274,11 +281,6 @@ def latest_for(src: Source, user: int) -> list[dict[str, Any]]:
         latest_by=("user_id",),
     )
     return pa.Table.from_batches(list(src.scan(req)), schema=src.schema()).to_pylist()
-
-
-def _pct(times: list[float]) -> tuple[float, float]:
-    times = sorted(times)
-    return statistics.median(times), times[min(len(times) - 1, int(0.95 * len(times)))]
 
 
 def kafka_tail(a: argparse.Namespace) -> None:
