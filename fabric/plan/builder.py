@@ -21,7 +21,6 @@ list what exists (sources, columns, session values, functions).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -616,7 +615,7 @@ class _Builder:
         agg_map: dict[A.Expr, A.Expr] = {c: A.Column(n, span=c.span) for c, n in agg_names.items()}
         new_items = []
         for name, e, span in items:
-            r = self.attempt(partial(self.over_aggregate, e, key_map, agg_map, "select"))
+            r = self.attempt(partial(self.over_aggregate, e, key_map, agg_map))
             if r is not None:
                 new_items.append((name, r, span))
         self.fail_if_problems()
@@ -626,26 +625,25 @@ class _Builder:
         return node, new_items, post, key_map
 
     def over_aggregate(
-        self, e: A.Expr, key_map: dict[A.Expr, A.Expr], agg_map: dict[A.Expr, A.Expr], what: str
+        self, e: A.Expr, key_map: dict[A.Expr, A.Expr], agg_map: dict[A.Expr, A.Expr]
     ) -> A.Expr:
         """Rewrite ``e`` over the Aggregate's output; a bare column must be a group key."""
-        if e in key_map:
-            return key_map[e]
-        if e in agg_map:
-            return agg_map[e]
-        if isinstance(e, A.Column):
-            raise DslError.at(
-                f"column '{e.qualified}' must appear in group_by or inside an aggregate",
-                e.span,
-                f"add it to group_by, or use e.g. max({e.qualified})",
-            )
-        if isinstance(e, A.Call) and e.is_aggregate:
-            raise DslError.at(f"aggregate {e} is not computed here", e.span)
-        return (
-            e
-            if not e.children()
-            else _rebuild(e, lambda x: self.over_aggregate(x, key_map, agg_map, what))
-        )
+
+        def over(x: A.Expr) -> A.Expr | None:
+            hit = key_map.get(x, agg_map.get(x))
+            if hit is not None:
+                return hit
+            if isinstance(x, A.Column):
+                raise DslError.at(
+                    f"column '{x.qualified}' must appear in group_by or inside an aggregate",
+                    x.span,
+                    f"add it to group_by, or use e.g. max({x.qualified})",
+                )
+            if isinstance(x, A.Call) and x.is_aggregate:
+                raise DslError.at(f"aggregate {x} is not computed here", x.span)
+            return None
+
+        return A.replace(e, lambda _: None, pre=over)
 
     def sort_key(
         self,
@@ -674,7 +672,7 @@ class _Builder:
                 x: y for x, y in key_map.items() if isinstance(x, A.Call) and x.is_aggregate
             }
             q = self.over_aggregate(
-                q, {x: y for x, y in key_map.items() if x not in agg_only}, agg_only, "order_by"
+                q, {x: y for x, y in key_map.items() if x not in agg_only}, agg_only
             )
         else:
             self.check_no_agg(q, "order_by without group_by or aggregates in select")
@@ -762,20 +760,6 @@ def _columns(schema: pa.Schema, nested: set[str], alias: str) -> dict[str, pa.Da
         if pa.types.is_struct(f.type):
             add(f.name, f.type)
     return out
-
-
-def _rebuild(e: A.Expr, fn: Callable[[A.Expr], A.Expr]) -> A.Expr:
-    """``e`` with each direct child replaced by ``fn(child)``."""
-    changes: dict[str, Any] = {}
-    for f in dataclasses.fields(e):
-        if f.name == "span":
-            continue
-        v = getattr(e, f.name)
-        if isinstance(v, A.Expr):
-            changes[f.name] = fn(v)
-        elif isinstance(v, tuple) and any(isinstance(x, A.Expr) for x in v):
-            changes[f.name] = tuple(fn(x) if isinstance(x, A.Expr) else x for x in v)
-    return dataclasses.replace(e, **changes) if changes else e
 
 
 def _star_item(source: str | None):
