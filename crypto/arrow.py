@@ -79,9 +79,9 @@ def to_arrow(values: Sequence[EncryptedVector]) -> pa.ExtensionArray:
     if not values:
         return packed_array([], [], [], 1)
     width = {v.n for v in values}
-    n = width.pop() if len(width) == 1 else 0
+    n = width.pop() if len(width) == 1 else 0  # 0: vectors of different sizes
     slots = [0 if v.n == 1 else None for v in values]
-    return packed_array(values, list(range(len(values))), slots, max(n, 1) if n else 0)
+    return packed_array(values, list(range(len(values))), slots, n)
 
 
 def iter_cells(x, chunk: int = 0):
