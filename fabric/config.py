@@ -618,14 +618,17 @@ def _signals(L: _Loader, doc: YamlMap) -> SignalsConfig:
     y = L.y
     m = y.mapping(doc, "signals", "signals")
     y.check_keys(m, SIGNAL_KEYS, "signals")
-    stale = _stale(L, m, "stale_when") if "stale_when" in m else StaleWhen()
-    hb = (
-        duration_seconds(m["heartbeat"], y.value_span(m, "heartbeat"), "heartbeat")
-        if "heartbeat" in m
-        else 5.0
-    )
-    targets = []
+    kw: dict[str, Any] = {}  # what is not given keeps SignalsConfig's default
+
+    def seconds(key: str, field_name: str) -> None:
+        if key in m:
+            kw[field_name] = duration_seconds(m[key], y.value_span(m, key), key)
+
+    if "stale_when" in m:
+        kw["stale_when"] = _stale(L, m, "stale_when")
+    seconds("heartbeat", "heartbeat_seconds")
     if "targets" in m:
+        targets = []
         for c, k in y.items(m, "targets"):
             t = L.subst(c, k)
             if not isinstance(t, str) or not re.match(r"^(udp|http|https)://", t):
@@ -634,27 +637,19 @@ def _signals(L: _Loader, doc: YamlMap) -> SignalsConfig:
                     y.value_span(c, k),
                 )
             targets.append(t)
-    sources = {}
+        kw["targets"] = tuple(targets)
     if "sources" in m:
         srcm = y.mapping(m, "sources", "signals sources")
-        for uri in srcm:
-            sources[str(uri)] = _stale(L, srcm, uri, stale)
-    hyst = 0.5
+        base = kw.get("stale_when", StaleWhen())
+        kw["sources"] = {str(uri): _stale(L, srcm, uri, base) for uri in srcm}
     if "hysteresis" in m:
         hyst = m["hysteresis"]
         if isinstance(hyst, bool) or not isinstance(hyst, int | float) or not 0 < hyst <= 1:
             raise y.error("hysteresis must be a number in (0, 1]", y.value_span(m, "hysteresis"))
-    timeout = (
-        duration_seconds(m["timeout"], y.value_span(m, "timeout"), "timeout")
-        if "timeout" in m
-        else 2.0
-    )
-    recover = (
-        duration_seconds(m["recover_after"], y.value_span(m, "recover_after"), "recover_after")
-        if "recover_after" in m
-        else 2.0
-    )
-    return SignalsConfig(stale, hb, tuple(targets), sources, float(hyst), recover, timeout)
+        kw["hysteresis"] = float(hyst)
+    seconds("timeout", "timeout_seconds")
+    seconds("recover_after", "recover_after_seconds")
+    return SignalsConfig(**kw)
 
 
 def _sandbox(L: _Loader, doc: YamlMap) -> SandboxConfig:
@@ -689,10 +684,12 @@ def _server(L: _Loader, doc: YamlMap) -> ServerConfig:
     y = L.y
     m = y.mapping(doc, "server", "server")
     y.check_keys(m, SERVER_KEYS, "server")
-    return ServerConfig(
-        str(L.subst(m, "host")) if "host" in m else "127.0.0.1",
-        y.integer(m, "port", "port", 1) if "port" in m else 8765,
-    )
+    kw: dict[str, Any] = {}
+    if "host" in m:
+        kw["host"] = str(L.subst(m, "host"))
+    if "port" in m:
+        kw["port"] = y.integer(m, "port", "port", 1)
+    return ServerConfig(**kw)
 
 
 def _ingest(L: _Loader, doc: YamlMap) -> IngestConfig:
