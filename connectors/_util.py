@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -158,6 +158,35 @@ def _column_of(e: Expr) -> Column | None:
     return None
 
 
+def compared_params(
+    e: Expr, binary_ops: Container[str] | None = None
+) -> Iterator[tuple[Column, Param, bool]]:
+    """(column, session value, whether the value is a list for ``in``) for every session
+    value compared with a column in ``e``: by a binary operator (any, or those in
+    ``binary_ops``), ``in``, ``between`` or ``like``."""
+    for x in e.walk():
+        pairs: list[tuple[Expr, Expr, bool]] = []
+        if isinstance(x, Binary):
+            if binary_ops is None or x.op in binary_ops:
+                pairs = [(x.left, x.right, False), (x.right, x.left, False)]
+        elif isinstance(x, InList):
+            if isinstance(x.items, Param):
+                pairs = [(x.expr, x.items, True)]
+            else:
+                pairs = [(x.expr, i, False) for i in x.items]
+        elif isinstance(x, Between):
+            pairs = [(x.expr, x.low, False), (x.expr, x.high, False)]
+        elif isinstance(x, Like):
+            pairs = [(x.expr, x.pattern, False)]
+        for a, b, many in pairs:
+            c = _column_of(a)
+            if c is not None and isinstance(b, Param):
+                yield c, b, many
+
+
+_COMPARISONS = frozenset({"=", "!=", "<", "<=", ">", ">="})
+
+
 def typed_params(
     exprs: tuple[Expr, ...] | list[Expr], params: Mapping[str, Any], schema: pa.Schema, uri: str
 ) -> dict[str, Any]:
@@ -185,29 +214,8 @@ def typed_params(
             out[p.name] = coerce_for(t, v, what)
 
     for e in exprs:
-        for x in e.walk():
-            if isinstance(x, Binary) and x.op in ("=", "!=", "<", "<=", ">", ">="):
-                for a, b in ((x.left, x.right), (x.right, x.left)):
-                    c = _column_of(a)
-                    if c is not None and isinstance(b, Param):
-                        check(c, b, False)
-            elif isinstance(x, InList):
-                c = _column_of(x.expr)
-                if c is None:
-                    continue
-                if isinstance(x.items, Param):
-                    check(c, x.items, True)
-                else:
-                    for it in x.items:
-                        if isinstance(it, Param):
-                            check(c, it, False)
-            elif isinstance(x, Between | Like):
-                c = _column_of(x.expr)
-                if c is None:
-                    continue
-                for b in (x.low, x.high) if isinstance(x, Between) else (x.pattern,):
-                    if isinstance(b, Param):
-                        check(c, b, False)
+        for col, p, many in compared_params(e, _COMPARISONS):
+            check(col, p, many)
     return out
 
 

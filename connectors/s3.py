@@ -34,8 +34,8 @@ from pyarrow import fs as pafs
 
 from connectors._util import (
     BadValueError,
-    _column_of,
     apply_locally,
+    compared_params,
     flat_options,
     schema_from_spec,
     typed_params,
@@ -52,7 +52,7 @@ from connectors.base import (
     UnknownObjectError,
     Watermark,
 )
-from dsl.ast import Between, Binary, Expr, InList, Like, Param, and_all
+from dsl.ast import Expr, and_all
 
 _EXT = {
     ".parquet": "parquet",
@@ -85,24 +85,10 @@ def _sample(t: pa.DataType) -> Any:
 def probe_params(expr: Expr, schema: pa.Schema) -> dict[str, Any]:
     """Sample session values of the right type for checking a filter before values exist."""
     out: dict[str, Any] = {}
-    for x in expr.walk():
-        pairs: list[tuple[Any, Any, bool]] = []
-        if isinstance(x, Binary):
-            pairs = [(x.left, x.right, False), (x.right, x.left, False)]
-        elif isinstance(x, InList):
-            if isinstance(x.items, Param):
-                pairs = [(x.expr, x.items, True)]
-            else:
-                pairs = [(x.expr, i, False) for i in x.items]
-        elif isinstance(x, Between):
-            pairs = [(x.expr, x.low, False), (x.expr, x.high, False)]
-        elif isinstance(x, Like):
-            pairs = [(x.expr, x.pattern, False)]
-        for a, b, many in pairs:
-            c = _column_of(a)
-            if isinstance(b, Param) and c is not None and c.name in schema.names:
-                v = _sample(schema.field(c.name).type)
-                out[b.name] = [v] if many else v
+    for c, param, many in compared_params(expr):
+        if c.name in schema.names:
+            v = _sample(schema.field(c.name).type)
+            out[param.name] = [v] if many else v
     for p in expr.params():
         out.setdefault(p, [0] if param_is_list(expr, p) else 0)
     return out
