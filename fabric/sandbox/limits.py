@@ -42,7 +42,7 @@ class SandboxLimits:
         ):
             value = getattr(settings, name, None)
             if value is not None:
-                changes[field_name] = value * scale if scale != 1 else value
+                changes[field_name] = value * scale
         return replace(out, **changes) if changes else out
 
     def overridden(self, overrides: dict[str, Any] | None) -> SandboxLimits:
