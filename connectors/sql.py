@@ -131,10 +131,18 @@ class SqlSource(Source):
         if self.generic:
             self.capabilities = frozenset({"projection", "limit"})  # type: ignore[misc]
         self._stats: Statistics | None = None
-        self.last_sql: str | None = None  # the statement text of the last scan (with placeholders)
+        self._last_stmt: sa.Select | None = None
 
     def schema(self) -> pa.Schema:
         return self._schema
+
+    @property
+    def last_sql(self) -> str | None:
+        """The statement text of the last scan (with placeholders), compiled when asked
+        rather than on every scan."""
+        if self._last_stmt is None:
+            return None
+        return str(self._last_stmt.compile(self.conn.engine))
 
     # ----------------------------------------------------------------- translation
 
@@ -232,7 +240,7 @@ class SqlSource(Source):
         stmt, local, selected, params = self.plan(request)
         cols = list(request.columns) if request.columns is not None else self._schema.names
         schema = pa.schema([self._schema.field(c) for c in selected])
-        self.last_sql = str(stmt.compile(self.conn.engine))
+        self._last_stmt = stmt
         batches = self.conn.stream(self, stmt, schema, request)
         if local:
             batches = apply_locally(batches, local, params, request.limit, cols)
