@@ -729,16 +729,7 @@ class _Builder:
                     f"encrypted session value '{n.value}' cannot be passed to python", n.span
                 )
             params.append(n.value)
-        lim = pd.limits
-        return N.UserFunction(
-            plan,
-            pd.python,
-            pd.file,
-            pd.line,
-            pd.col,
-            tuple(params),
-            N.SandboxLimitsSpec(lim.cpu_seconds, lim.wall_seconds, lim.memory_mb, lim.output_mb),
-        )
+        return N.UserFunction(plan, pd.python, pd.file, pd.line, pd.col, tuple(params), pd.limits)
 
 
 def _columns(schema: pa.Schema, nested: set[str], alias: str) -> dict[str, pa.DataType]:

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from dsl.ast import Call, Column, Expr, SortKey, conjuncts
+from dsl.spec import SandboxLimits as SandboxLimitsSpec  # a binding's pushdown.limits
 
 
 class PlanError(ValueError):
@@ -330,14 +331,6 @@ class Limit(Plan):
 
     def header(self) -> str:
         return f"Limit: {self.n}" + (f" offset {self.offset}" if self.offset else "")
-
-
-@dataclass(frozen=True)
-class SandboxLimitsSpec:
-    cpu_seconds: float | None = None
-    wall_seconds: float | None = None
-    memory_mb: int | None = None
-    output_mb: int | None = None
 
 
 @dataclass(frozen=True)
