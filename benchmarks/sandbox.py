@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from fabric.sandbox import SandboxPool
+from fabric.sandbox.protocol import ipc_bytes
 
 SNIPPETS = {
     "return table": "def run(table):\n    return table\n",
@@ -90,10 +91,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args()
     table = make_table(args.rows)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    print(f"table: {args.rows} rows, {sink.getvalue().size / 1024:.0f} KiB as Arrow IPC")
+    print(f"table: {args.rows} rows, {ipc_bytes(table).size / 1024:.0f} KiB as Arrow IPC")
     pools = {}
     for transport in ("pipe", "shm"):
         t0 = time.perf_counter()
