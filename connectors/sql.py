@@ -682,8 +682,11 @@ class SqlConnection(Connection):
                     rows = max(int(r[0] or 0), int(r[2] or 0))  # reltuples is -1/0 before ANALYZE
                     size = r[1]
                 for name, nd in c.execute(
-                    sa.text("SELECT attname, n_distinct FROM pg_stats WHERE tablename = :t"),
-                    {"t": t.name},
+                    sa.text(  # same schema as the table: a namesake elsewhere must not count
+                        "SELECT attname, n_distinct FROM pg_stats "
+                        "WHERE tablename = :t AND schemaname = coalesce(:s, current_schema())"
+                    ),
+                    {"t": t.name, "s": t.schema},
                 ):
                     if nd is not None and rows:
                         distinct[name] = int(nd if nd > 0 else -nd * rows)
