@@ -12,6 +12,7 @@ from dsl.errors import DslError, Span, did_you_mean
 from dsl.spec import FreshnessSpec, Name, NearestSpec, SandboxLimits
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+_MESSAGES = re.compile(r"^\s*(\d[\d_,]*)\s*(?:messages|msgs)\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 #: (key, value, span) as given by either form; values are Python scalars.
@@ -70,7 +71,14 @@ def make_freshness(items: Sequence[Option], span: Span | None) -> FreshnessSpec:
     if "max_lag" in opts:
         v, s = opts["max_lag"]
         if isinstance(v, str) and v.strip().endswith(("messages", "msgs")):
-            max_msgs = _int(int(re.sub(r"\D", "", v) or -1), s, "max_lag messages")
+            m = _MESSAGES.match(v)
+            if not m:
+                raise DslError.at(
+                    f"freshness max_lag must be a whole number of messages, got {v!r}",
+                    s,
+                    "write e.g. '1000 messages'",
+                )
+            max_msgs = int(re.sub(r"[_,]", "", m.group(1)))
         else:
             max_lag = duration_seconds(v, s, "freshness max_lag")
     if "max_lag_messages" in opts:
