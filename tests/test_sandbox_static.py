@@ -21,6 +21,7 @@ def test_clean_snippet_has_no_diagnostics():
 def test_snippet_params_are_the_arguments_after_the_table():
     assert snippet_params(GOOD) == ("min_score",)
     assert snippet_params("def run(t, *, k, q=1):\n    return t\n") == ("k", "q")
+    assert snippet_params("def run(t, a):\n    return t\ndef run(t, b):\n    return t\n") == ("b",)
 
 
 def test_disallowed_import_points_at_the_binding_line_and_lists_allowed_modules():

@@ -83,7 +83,7 @@ def check_snippet(
 def snippet_params(source: str) -> tuple[str, ...]:
     """Names of ``run``'s parameters after the table (filled from ``params`` by keyword)."""
     tree = ast.parse(source)
-    for node in tree.body:
+    for node in reversed(tree.body):  # the last definition is the one that runs
         if isinstance(node, ast.FunctionDef) and node.name == "run":
             a = node.args
             names = [x.arg for x in a.posonlyargs + a.args][1:] + [x.arg for x in a.kwonlyargs]
