@@ -106,7 +106,6 @@ def test_explain_with_session(root: Path, capsys) -> None:
 
 
 def test_query_json_and_table(root: Path, capsys, monkeypatch) -> None:
-    pytest.importorskip("fabric.execute")
     import fabric.api as api
 
     real_open = api.open
