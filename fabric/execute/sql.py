@@ -249,9 +249,34 @@ class SqlBuilder:
                 cur.register(name, t)
             if self.functions:
                 register_duckdb(cur, self.functions)
-            return cur.sql(sql, params=self.values or None).to_arrow_table()
+            sql, values = used_params(sql, self.values)
+            return cur.sql(sql, params=values or None).to_arrow_table()
         finally:
             cur.close()
+
+
+_TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$(\d+)")
+
+
+def used_params(sql: str, values: list[Any]) -> tuple[str, list[Any]]:
+    """Renumber the ``$n`` placeholders ``sql`` uses and keep only their values.
+
+    A query built from part of a builder's plan (the per-join counts of explain analyze)
+    references a subset of the bound values; DuckDB refuses a parameter list longer than
+    the placeholders. Quoted strings and identifiers are skipped, not rewritten.
+    """
+    new: dict[int, int] = {}
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return m.group(0)
+        old = int(m.group(1))
+        if old not in new:
+            new[old] = len(new) + 1
+        return f"${new[old]}"
+
+    out = _TOKENS.sub(sub, sql)
+    return out, [values[old - 1] for old in sorted(new, key=new.__getitem__)]
 
 
 def _plain(v: Any) -> Any:
