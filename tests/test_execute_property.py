@@ -97,3 +97,49 @@ def test_any_pushdown_answers_give_the_reference_rows(
         c_answer,
     )
     assert isinstance(Literal(1, "int"), Literal)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    common=st.lists(st.sampled_from(range(len(ATOMS))), max_size=2, unique=True),
+    groups=st.lists(
+        st.lists(st.sampled_from(range(len(ATOMS))), min_size=1, max_size=3, unique=True),
+        min_size=2,
+        max_size=3,
+    ),
+    m_answer=ANSWERS,
+    c_answer=ANSWERS,
+)
+def test_or_of_and_groups_gives_the_reference_rows(common, groups, m_answer, c_answer) -> None:
+    """factor_or moves common conjuncts out of an OR and pushes implied per-source ORs:
+    whatever the sources answer, the rows are those of the unfactored filter in DuckDB."""
+    sources = {}
+    for obj, (answer, drop) in (("merchants", m_answer), ("coupons", c_answer)):
+        sources[obj] = world.Picky(f"memory://t/{obj}", TABLES[obj], Pushdown(answer), drop=drop)
+    cat = world.catalog(TABLES, **sources)
+    branches = [and_all([ATOMS[i] for i in [*common, *g]]) for g in groups]
+    pred = branches[0]
+    for b in branches[1:]:
+        pred = Binary("or", pred, b)
+    plan = Project(
+        Sort(
+            Filter(
+                Join(
+                    world.scan(cat, "m", "merchants"),
+                    world.scan(cat, "c", "coupons"),
+                    eq(C("c.merchant_id"), C("m.id")),
+                ),
+                pred,
+            ),
+            (SortKey(C("c.code")),),
+        ),
+        (("code", C("c.code"), pa.string()), ("id", C("m.id"), pa.int64())),
+    )
+    params = {"name": "merchant 77", "ids": [1, 5, 77, 120]}
+    res = execute(optimize(plan, cat), params, cat, binding="prop")
+    where = to_text(pred).replace("{{session.name}}", "'merchant 77'")
+    where = where.replace("in {{session.ids}}", "in (1, 5, 77, 120)")
+    sql = f"SELECT c.code, m.id FROM merchants m JOIN coupons c ON c.merchant_id = m.id WHERE {where} ORDER BY c.code"
+    assert [(r["code"], r["id"]) for r in res.table.to_pylist()] == REF.execute(sql).fetchall(), (
+        where
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 from connectors.base import Source, Statistics
 from fabric.optimizer.dynamic_filters import dynamic_filters
+from fabric.optimizer.factor_or import factor_or
 from fabric.optimizer.join_order import join_order
 from fabric.optimizer.push_filters import push_filters
 from fabric.optimizer.push_limit import push_limit
@@ -25,7 +26,14 @@ from fabric.plan.nodes import Plan
 
 Rule = Callable[[Plan, Any], Plan]
 
-RULES: tuple[Rule, ...] = (push_filters, join_order, dynamic_filters, push_projection, push_limit)
+RULES: tuple[Rule, ...] = (
+    factor_or,
+    push_filters,
+    join_order,
+    dynamic_filters,
+    push_projection,
+    push_limit,
+)
 MAX_PASSES = 10
 
 
