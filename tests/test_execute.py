@@ -301,19 +301,22 @@ def test_per_plan_facts_are_kept_on_the_plan_without_changing_it(tables, ref) ->
         execute(plan, {}, cat, binding="b", now=NOW)
 
 
-def test_dynamic_filter_over_max_keys_is_skipped_and_answer_unchanged(tables, ref) -> None:
-    cat = world.catalog(tables)
-    plan = optimize(world.nearby_offers(cat), cat)
-
+def _shrink_max_keys(plan, **changes):
     def shrink(node):
         if isinstance(node, Scan) and node.dynamic:
             return dataclasses.replace(
-                node, dynamic=tuple(dataclasses.replace(d, max_keys=1) for d in node.dynamic)
+                node,
+                dynamic=tuple(dataclasses.replace(d, max_keys=1, **changes) for d in node.dynamic),
             )
         ch = node.children()
         return node.with_children(*(shrink(c) for c in ch)) if ch else node
 
-    small = shrink(plan)
+    return shrink(plan)
+
+
+def test_dynamic_filter_over_max_keys_is_skipped_and_answer_unchanged(tables, ref) -> None:
+    cat = world.catalog(tables)
+    small = _shrink_max_keys(optimize(world.nearby_offers(cat), cat), range=False)
     res = execute(small, {"user_id": 5}, cat, binding="b", now=NOW, analyze=True)
     expected, needed = ref_nearby(ref, 5)
     assert res.table.to_pylist() == expected
@@ -321,6 +324,24 @@ def test_dynamic_filter_over_max_keys_is_skipped_and_answer_unchanged(tables, re
     assert dyn_c["pushed"] is False and dyn_c["keys"] == needed["m"] > 1
     assert res.stats["sources"]["c"]["rows"] > needed["c"]  # fetched without the key list
     assert "NOT pushed" in res.explain
+
+
+def test_dynamic_filter_over_max_keys_pushes_the_key_range(tables, ref) -> None:
+    cat = world.catalog(tables)
+    plan = optimize(world.nearby_offers(cat), cat)
+    assert all(d.range for s in plan.scans() for d in s.dynamic)  # memory sources take >=, <=
+    res = execute(_shrink_max_keys(plan), {"user_id": 5}, cat, binding="b", now=NOW, analyze=True)
+    expected, needed = ref_nearby(ref, 5)
+    assert res.table.to_pylist() == expected
+    dyn_c = res.stats["sources"]["c"]["dynamic"][0]
+    assert dyn_c["form"] == "range" and dyn_c["keys"] == needed["m"] > 1
+    lo, hi = dyn_c["range"]
+    in_range = ref.execute(
+        "SELECT count(*) FROM coupons WHERE expires_at > ? AND merchant_id BETWEEN ? AND ?",
+        [NOW, lo, hi],
+    ).fetchone()[0]
+    assert needed["c"] <= res.stats["sources"]["c"]["rows"] == in_range
+    assert "pushed as range" in res.explain
 
 
 def test_no_keys_skips_the_scan(tables) -> None:

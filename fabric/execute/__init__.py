@@ -9,8 +9,8 @@
    filters, bound params, limit, order, latest_by), stream the batches, then apply the
    residual filters and derived columns with pyarrow compute. A unit with dynamic filters
    is submitted once the units that provide its keys are done, then sends the distinct
-   keys as a bound ``IN`` list parameter (``__dyn_<n>``), unless there are more than
-   ``max_keys`` of them.
+   keys as a bound ``IN`` list parameter (``__dyn_<n>``); past ``max_keys`` keys, the range
+   ``[min, max]`` of the keys when the source accepts it, else nothing.
 2. **Above the units.** Joins and aggregates (with the filters, projections, sorts and
    limits above them) become one DuckDB query over the units' Arrow tables, registered
    zero-copy, with every value bound as a ``$n`` parameter. A plan without join or
@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 
 from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
 from connectors.base import ScanRequest, SourceError
-from dsl.ast import Call, Column, Expr, InList, Param, conjuncts, unqualify
+from dsl.ast import Binary, Call, Column, Expr, InList, Param, conjuncts, unqualify
 from dsl.ast import replace as replace_expr
 from fabric import functions
 from fabric.execute import freshness as _fresh
@@ -466,15 +466,24 @@ class _Run:
             keys = pc.unique(
                 keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
             ).drop_null()
-            pushed = len(keys) <= d.max_keys
-            dyn_stats.append({"filter": str(d), "keys": len(keys), "pushed": pushed})
-            if pushed:
-                if len(keys) == 0:
-                    self._source_stats(alias, scan, 0, 0, 0, 0.0, dyn_stats, skipped=True)
-                    return scan.schema.empty_table()
-                name = f"__dyn_{i}"
+            form = "in" if len(keys) <= d.max_keys else "range" if d.range else None
+            dyn_stats.append(
+                {"filter": str(d), "keys": len(keys), "pushed": form is not None, "form": form}
+            )
+            if len(keys) == 0:
+                self._source_stats(alias, scan, 0, 0, 0, 0.0, dyn_stats, skipped=True)
+                return scan.schema.empty_table()
+            name = f"__dyn_{i}"
+            if form == "in":
                 filters.append(InList(Column(d.column), Param(name)))
                 params[name] = keys.to_pylist()
+            elif form == "range":
+                bounds = pc.min_max(keys)
+                lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+                filters.append(Binary(">=", Column(d.column), Param(name + "_lo")))
+                filters.append(Binary("<=", Column(d.column), Param(name + "_hi")))
+                params[name + "_lo"], params[name + "_hi"] = lo, hi
+                dyn_stats[-1]["range"] = [lo, hi]
         own_latest = bool(scan.latest_by) and "latest_by" not in getattr(source, "capabilities", ())
         columns = scan.projection
         if own_latest and columns is not None:
@@ -909,9 +918,11 @@ class _Run:
                 if src.get("residual"):
                     parts.append(f"residual=[{', '.join(src['residual'])}]")
                 for d in src.get("dynamic", ()):
-                    parts.append(
-                        f"dynamic {d['filter']}: {d['keys']} keys {'pushed' if d['pushed'] else 'NOT pushed (over max)'}"
-                    )
+                    how = {
+                        "in": "pushed",
+                        "range": f"pushed as range [{d.get('range', ['?', '?'])[0]}, {d.get('range', ['?', '?'])[1]}]",
+                    }.get(d.get("form") or "", "NOT pushed (over max)")
+                    parts.append(f"dynamic {d['filter']}: {d['keys']} keys {how}")
                 if src.get("skipped"):
                     parts.append("scan skipped (no keys)")
                 f = self.freshness.get(alias)

@@ -5,8 +5,11 @@ For an equi-join ``a = b`` where the side providing ``a`` is estimated small (at
 small table) and the other side is at least ``MIN_RATIO`` times bigger, the Scan that
 reads ``b`` gets ``DynamicFilter(b, a, max_keys)``: the executor scans the small side
 first, collects the distinct values of ``a`` and sends them to the big source as a
-bound ``b in (...)`` list, if there are at most ``max_keys`` of them (otherwise the push
-is skipped and the join alone filters). The big source must support an ``in`` filter on
+bound ``b in (...)`` list when there are at most ``max_keys`` of them. With more keys, and
+when the big source accepts ``b >= $lo and b <= $hi``, the range of the keys is pushed
+instead (a key list in a narrow range, e.g. orders of one month, still prunes most rows);
+otherwise the push is skipped and the join alone filters. The choice is made on the
+measured key count, not the estimate. The big source must support an ``in`` filter on
 ``b`` (EXACT or INEXACT: the join re-checks every key either way).
 
 ``a`` must come from a single source; its keys are read from that source's unit (scan +
@@ -16,7 +19,7 @@ filtered. A filter that would make two sources wait on each other is not added.
     Join: inner on m.geo_hash = loc.cell
       Derive: loc.cell = geo_hash(loc.lat, loc.lon, 6)
         Scan: loc <- kafka://bus/location_stream latest_by=[user_id] exact=[user_id = {{session.user_id}}]
-      Scan: m <- mysql://shop/merchants dynamic=[geo_hash in keys(loc.cell) max=10000]
+      Scan: m <- mysql://shop/merchants dynamic=[geo_hash in keys(loc.cell) max=50000 else range]
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ from fabric.optimizer._util import aliases, ask_filter, derived_names, replace_n
 from fabric.optimizer.cardinality import Estimator
 from fabric.plan.nodes import Derive, DynamicFilter, Filter, Join, Plan, Scan, Sort
 
-SMALL_SIDE = 10_000
+SMALL_SIDE = 100_000  # estimated keys; the executor chooses the form on the measured count
 MIN_RATIO = 2.0
-MAX_KEYS = 10_000
+MAX_KEYS = 50_000
 
 
 def dynamic_filters(plan: Plan, catalog: Any) -> Plan:
@@ -101,8 +104,15 @@ def _try(
     probe = InList(Column(key.name), Param("__dyn_probe"))
     if ask_filter(catalog, scan.uri, probe) not in (Pushdown.EXACT, Pushdown.INEXACT):
         return None
+    lo, hi = (
+        Binary(">=", Column(key.name), Param("__dyn_lo")),
+        Binary("<=", Column(key.name), Param("__dyn_hi")),
+    )
+    ranged = all(
+        ask_filter(catalog, scan.uri, c) in (Pushdown.EXACT, Pushdown.INEXACT) for c in (lo, hi)
+    )
     new_scan = dataclasses.replace(
-        scan, dynamic=(*scan.dynamic, DynamicFilter(key.name, from_expr, MAX_KEYS))
+        scan, dynamic=(*scan.dynamic, DynamicFilter(key.name, from_expr, MAX_KEYS, ranged))
     )
     return replace_node(root, scan, new_scan)
 

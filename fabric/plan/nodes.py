@@ -97,14 +97,18 @@ def _exprs(items: tuple[Expr, ...]) -> str:
 @dataclass(frozen=True)
 class DynamicFilter:
     """Keys of ``column`` taken at run time from the already-computed ``from_expr`` of
-    another source and pushed into this scan as a bounded IN list (``max_keys``)."""
+    another source and pushed into this scan: as an IN list when there are at most
+    ``max_keys`` of them, else (when ``range``: the source accepts ``>=``/``<=`` on
+    ``column``) as the range ``[min key, max key]``; the join re-checks every row."""
 
     column: str
     from_expr: Expr
-    max_keys: int = 10_000
+    max_keys: int = 50_000
+    range: bool = False
 
     def __str__(self) -> str:
-        return f"{self.column} in keys({self.from_expr}) max={self.max_keys}"
+        more = " else range" if self.range else ""
+        return f"{self.column} in keys({self.from_expr}) max={self.max_keys}{more}"
 
 
 @dataclass(frozen=True)
