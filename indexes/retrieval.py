@@ -3,10 +3,14 @@
 Strategies (all return the same contract: live row ids and distances, ascending):
 
 - ``postfilter``: HNSW for k' = k * 1.5 / selectivity + k candidates (capped), keep the
-  ones passing the filter. Guard: fewer than min(k, matches) survive -> exact.
+  ones passing the filter. Guard: the *graph walk alone* must keep min(k, candidates in
+  the graph) rows -- the growing segment's exact matches never count, they cannot vouch
+  for rows the walk missed. Short: the pass rate observed in this query's own walk sizes
+  one wider walk when that is cheaper than exact, else exact on the candidates answers.
 - ``insearch``: HNSW with hnswlib's ``filter=`` callback testing the candidate bitmap.
   Guard: the callback counts visited nodes; once they exceed the number of candidates
-  the search is aborted and the exact path answers (Lucene's rule).
+  the search is aborted and the exact path answers (Lucene's rule); a walk that found
+  fewer than the graph's share of rows goes exact too.
 - ``prefilter``: candidate bitmap from B-tree ranges and posting lists (residual
   predicates on the survivors), then exact distances on the candidates: a contiguous
   slice when the candidates are dense in row-id (= arrival) order, a gather otherwise.
@@ -18,7 +22,11 @@ observed rate at which each guard fired for this filter and its bound values (qu
 feedback: a post-filter that keeps failing near the queries means the filter correlates
 with the vectors), and
 runs the cheapest. ``RetrievalExplain`` records every alternative, the choice, any
-guard that fired, and the actual rows and time.
+guard that fired, the actual rows and time, and ``guarantee``: ``exact`` (distances to
+every candidate), ``graph`` (the walk itself held the filtered top-k: as good as the
+graph's recall at its ef) or ``unverified: <why>`` -- only with ``guards=False``, which
+benchmarks use to see a fixed strategy's raw result. Never silently wrong: a guarded
+path either shows its result or falls back to exact.
 """
 
 from __future__ import annotations
@@ -79,6 +87,12 @@ class RetrievalExplain:
     forced: bool = False
     executed: str = ""
     guard: str | None = None
+    # what the result is known to be: "exact" (distances to every candidate), "graph"
+    # (the graph walk itself held the filtered top-k -- as good as the graph's recall at
+    # its ef -- merged with the growing segment's exact matches), or "unverified: <why>"
+    # (guards off, benchmarks only: the walk could not show it found the top-k)
+    guarantee: str = ""
+    observed: str | None = None  # per-query pass rate seen in the graph walk
     actual_rows: int = 0
     visited: int | None = None
     plan_ms: float = 0.0
@@ -107,8 +121,12 @@ class RetrievalExplain:
             mark = "*" if a.strategy == self.chosen else " "
             out.append(f"   {mark} {a}")
         out.append(f"  chosen: {self.chosen}" + (" (forced)" if self.forced else ""))
+        if self.observed:
+            out.append(f"  observed: {self.observed}")
         if self.guard:
             out.append(f"  guard: {self.guard} -> ran {self.executed}")
+        if self.guarantee:
+            out.append(f"  guarantee: {self.guarantee}")
         extra = f", visited {self.visited} nodes" if self.visited is not None else ""
         out.append(
             f"  actual: {self.actual_rows} rows in {self.elapsed_ms:.3f} ms (planning {self.plan_ms:.3f} ms{extra})"
@@ -291,6 +309,8 @@ def search(
             c, exact_count = len(cand), True
         elif exact_count and isinstance(pred, MatchPred):
             cand = pred.evaluate(None)
+        if exact_count and c == n:  # every live row passes: costs what no filter costs
+            pred, cand = None, None
     info.candidates, info.candidates_exact = c, exact_count
     alts = _costs(ds, vi, cm, pred, cand, c, n, k, ef, info.feedback_key)
     info.alternatives = list(alts.values())
@@ -438,10 +458,12 @@ def _run(
     s = info.chosen
     info.executed = s
     if s == "exact":
+        info.guarantee = "exact"
         return _exact_scan(ds, vi, q, k, pred, cand)
     if pred is not None and cand is None and s in ("prefilter", "insearch"):
         cand = pred.evaluate(None)
     if s == "prefilter":
+        info.guarantee = "exact"
         return exact_on(vi, q, array_of(cand) if cand is not None else array_of(ds.live), k, cm)
     if s == "insearch":
         return _insearch(ds, vi, cm, q, k, ef, cand, info)
@@ -462,6 +484,58 @@ def _exact_scan(
     return topk(ids, d[ids], k)
 
 
+def _graph_need(
+    vi: VectorIndex, k: int, cand: BitMap | None, c: int, exact_count: bool, n: int
+) -> int:
+    """Rows the graph walk alone must deliver for its part to be the filtered top-k: k, or
+    every candidate the graph holds when there are fewer. The growing segment's exact
+    matches are never counted: they cannot vouch for the rows the walk missed."""
+    if cand is not None:
+        g = len(cand) - (cand.range_cardinality(vi.folded, vi.n) if vi.folded < vi.n else 0)
+    elif exact_count and vi.folded >= vi.n:
+        g = c
+    elif exact_count and c < k:
+        g = c  # an upper bound on the graph's share: never asks for more than exists
+    else:
+        g = k
+    return max(0, min(k, g, vi.in_graph))
+
+
+def _keep(
+    ds: Any, labels: np.ndarray, dists: np.ndarray, pred: Pred | None, cand: BitMap | None
+) -> tuple[np.ndarray, np.ndarray]:
+    if pred is None or not len(labels):
+        return labels, dists
+    found = bitmap_of(labels)
+    keep = found & cand if cand is not None else pred.evaluate(found & ds.live)
+    m = np.isin(labels, array_of(keep))
+    return labels[m], dists[m]
+
+
+def _fallback(
+    ds: Any,
+    vi: VectorIndex,
+    cm: CostModel,
+    q: np.ndarray,
+    k: int,
+    pred: Pred | None,
+    cand: BitMap | None,
+    info: RetrievalExplain,
+    why: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    info.guard = why
+    info.executed = "prefilter"
+    info.guarantee = "exact"
+    if cand is None:
+        cand = pred.evaluate(None) if pred is not None else ds.live
+    info.candidates, info.candidates_exact = len(cand), True
+    return exact_on(vi, q, array_of(cand), k, cm)
+
+
+def _alt_ms(info: RetrievalExplain, strategy: str) -> float:
+    return next((a.cost_ms for a in info.alternatives if a.strategy == strategy), math.inf)
+
+
 def _postfilter(
     ds: Any,
     vi: VectorIndex,
@@ -475,27 +549,40 @@ def _postfilter(
     exact_count: bool,
     info: RetrievalExplain,
 ) -> tuple[np.ndarray, np.ndarray]:
+    """HNSW walk, then the filter on what it found. The graph's part is trusted only when
+    the walk itself kept ``_graph_need`` rows. When it kept fewer, the pass rate observed
+    in this query's own neighbourhood sizes one wider walk if that is cheaper than exact
+    on the candidates; otherwise (or if the wider walk falls short too) exact answers."""
     n = max(len(ds.live), 1)
     sel = c / n
     kp = k if pred is None else min(KPRIME_CAP, math.ceil(k * OVERSAMPLE / max(sel, 1e-9)) + k)
+    need = _graph_need(vi, k, cand, c, exact_count, n)
     labels, dists = vi.knn(q, kp, max(ef, kp))
-    if pred is not None and len(labels):
-        found = bitmap_of(labels)
-        keep = found & cand if cand is not None else pred.evaluate(found & ds.live)
-        m = np.isin(labels, array_of(keep))
-        labels, dists = labels[m], dists[m]
-    res = _merge((labels, dists), _growing(ds, vi, q, k, cand, pred, cm), k)
-    need = min(k, c) if exact_count else k
+    walked = len(labels)
+    labels, dists = _keep(ds, labels, dists, pred, cand)
+    first_short = len(labels) < need
     if pred is not None:
-        _observe(ds, info, "postfilter", len(res[0]) < need)
-    if len(res[0]) < need and info.guards:
-        info.guard = f"post-filter kept {len(res[0])} < {need} rows"
-        info.executed = "prefilter"
-        if cand is None:
-            cand = pred.evaluate(None) if pred is not None else ds.live
-        info.candidates, info.candidates_exact = len(cand), True
-        return exact_on(vi, q, array_of(cand), k, cm)
-    return res
+        info.observed = (
+            f"walk of {walked} kept {len(labels)} (pass rate {len(labels) / max(walked, 1):.1%})"
+        )
+        _observe(ds, info, "postfilter", first_short)
+    if first_short and pred is not None and walked >= kp and len(labels):
+        rate = len(labels) / walked  # this query's neighbourhood, not global selectivity
+        kp2 = math.ceil(need * OVERSAMPLE / rate) + k
+        wider = cm.hnsw_ms(kp2, vi.dim, vi.column) + check_ms(pred, cand, kp2, cm, n)
+        if kp2 <= KPRIME_CAP and wider < _alt_ms(info, "prefilter"):
+            labels, dists = vi.knn(q, kp2, kp2)
+            walked = len(labels)
+            labels, dists = _keep(ds, labels, dists, pred, cand)
+            info.observed = f"{info.observed}; wider walk of {walked} kept {len(labels)}"
+    if len(labels) < need:
+        why = f"post-filter kept {len(labels)} < {need} rows from the graph"
+        if info.guards:
+            return _fallback(ds, vi, cm, q, k, pred, cand, info, why)
+        info.guarantee = f"unverified: {why}"
+    else:
+        info.guarantee = "graph"
+    return _merge((labels, dists), _growing(ds, vi, q, k, cand, pred, cm), k)
 
 
 def _insearch(
@@ -508,8 +595,17 @@ def _insearch(
     cand: BitMap | None,
     info: RetrievalExplain,
 ) -> tuple[np.ndarray, np.ndarray]:
+    n = max(len(ds.live), 1)
     if cand is None:
         labels, dists = vi.knn(q, k, ef)
+        need = _graph_need(vi, k, None, n, True, n)
+        if len(labels) < need:
+            why = f"graph walk found {len(labels)} < {need} rows"
+            if info.guards:
+                return _fallback(ds, vi, cm, q, k, None, None, info, why)
+            info.guarantee = f"unverified: {why}"
+        else:
+            info.guarantee = "graph"
         return _merge((labels, dists), _growing(ds, vi, q, k, None, None, cm), k)
     budget = len(cand) if info.guards else math.inf
     contains = cand.__contains__
@@ -527,15 +623,18 @@ def _insearch(
     except _Abort:
         labels, dists, aborted = np.empty(0, np.int64), np.empty(0, np.float32), True
     info.visited = calls[0]
-    res = _merge((labels, dists), _growing(ds, vi, q, k, cand, None, cm), k)
-    need = min(k, len(cand))
-    _observe(ds, info, "insearch", aborted or len(res[0]) < need)
-    if (aborted or len(res[0]) < need) and info.guards:
-        info.guard = (
+    need = _graph_need(vi, k, cand, len(cand), True, n)
+    short = aborted or len(labels) < need
+    _observe(ds, info, "insearch", short)
+    if short:
+        why = (
             f"visited {calls[0]} nodes > {budget} candidates"
             if aborted
-            else f"in-search filter found {len(res[0])} < {need} rows"
+            else f"in-search filter found {len(labels)} < {need} rows in the graph"
         )
-        info.executed = "prefilter"
-        return exact_on(vi, q, array_of(cand), k, cm)
-    return res
+        if info.guards:
+            return _fallback(ds, vi, cm, q, k, None, cand, info, why)
+        info.guarantee = f"unverified: {why}"
+    else:
+        info.guarantee = "graph"
+    return _merge((labels, dists), _growing(ds, vi, q, k, cand, None, cm), k)
