@@ -32,6 +32,16 @@ class Result:
         return [a for a, f in self.freshness.items() if f.get("status") == "stale"]
 
     @property
+    def unverified(self) -> list[str]:
+        """Aliases of retrievals that could not show their rows are the filtered top-k
+        (``stats['sources'][alias]['guarantee']`` starts with 'unverified')."""
+        return [
+            a
+            for a, s in self.stats.get("sources", {}).items()
+            if str(s.get("guarantee") or "").startswith("unverified")
+        ]
+
+    @property
     def rows_fetched(self) -> int:
         return sum(int(s.get("rows", 0)) for s in self.stats.get("sources", {}).values())
 
@@ -47,6 +57,8 @@ class Result:
             flags.append(f"stale={','.join(self.stale)}")
         if self.partial:
             flags.append("partial")
+        if self.unverified:
+            flags.append(f"unverified={','.join(self.unverified)}")
         if self.waited:
             flags.append(f"waited={self.waited:.2f}s")
         total = self.stats.get("total_ms")

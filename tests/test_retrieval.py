@@ -523,3 +523,29 @@ def test_a_path_that_cannot_meet_the_target_falls_back_or_flags():
                     assert "guarantee: unverified" in str(info)
     # the far 10 % clusters are never in a query's graph neighbourhood
     assert fired["postfilter"] >= len(qs) and fired["insearch"] >= 1 and flagged >= len(qs)
+
+
+def test_the_result_of_a_nearest_binding_carries_the_retrieval_guarantee(tmp_path):
+    import fabric
+
+    ds, lab, x, _ = anti_dataset(3000, 500, name="api")
+    (tmp_path / "b.yaml").write_text(
+        f"binding: far\nsession:\n  q: vector[{ADIM}]\nsources:\n  n:\n"
+        "    from: dataset://api\n"
+        '    nearest: {column: v, to: "{{session.q}}", k: 10}\n'
+        '    where: "cl in (50, 51, 52, 53, 54, 55, 56, 57, 58, 59)"\n'
+        "select: [n.id]\n"
+    )
+    src = DatasetSource("dataset://api", ds)
+    _, qs, _ = anti_data(3, seed=5, clusters=50)
+    with fabric.open(
+        {"bindings": [str(tmp_path)]}, ingest=False, watch=False, dataset_sources={"api": src}
+    ) as fab:
+        for q in qs:
+            res = fab.query("far", session={"q": q})
+            entry = res.stats["sources"]["n"]
+            assert entry["guarantee"] in ("exact", "graph") and res.unverified == []
+            got = res.table.column(0).to_pylist()
+            assert len(np.intersect1d(got, brute(x, np.isin(lab, FAR10), q))) >= 0.9 * K
+            if entry["guarantee"] == "exact":
+                assert got == brute(x, np.isin(lab, FAR10), q).tolist()

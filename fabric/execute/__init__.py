@@ -589,6 +589,8 @@ class _Run:
             "filters": list(text["filters"]),
             "residual": list(text["residual"]),
             "strategy": getattr(info, "executed", None) or getattr(info, "chosen", None),
+            # exact | graph (the walk held the filtered top-k) | unverified: <why>
+            "guarantee": getattr(info, "guarantee", None),
         }
         if self.analyze:  # the rendered retrieval explain only when asked for
             entry["search"] = str(info)
