@@ -134,6 +134,7 @@ def rows_to_batch(
     types = [f.type for f in schema]
     cols: list[list[Any]] = [[] for _ in names]
     errors: list[tuple[int, str]] = []
+    kept: list[int] = []  # the doc index of each row in cols
     for i, doc in enumerate(docs):
         row: list[Any] = []
         bad = None
@@ -146,6 +147,9 @@ def rows_to_batch(
                 row.append(convert(v, t, js))
             except _Bad as exc:
                 bad = f"field '{name}': {exc}"
+            except (ValueError, OverflowError, TypeError, OSError) as exc:  # out of range ...
+                bad = f"field '{name}': {type(exc).__name__}: {exc} (value {v!r:.40})"
+            if bad is not None:
                 if on_error == "skip":
                     break
                 row.append(None)
@@ -153,10 +157,66 @@ def rows_to_batch(
             errors.append((first_row + i, bad))
             if on_error == "skip":
                 continue
+        kept.append(i)
         for c, v in zip(cols, row):
             c.append(v)
-    arrays = [pa.array(c, type=t) for c, t in zip(cols, types)]
+    try:
+        arrays = [pa.array(c, type=t) for c, t in zip(cols, types)]
+    except (pa.ArrowException, ValueError, OverflowError, TypeError):
+        # a value Python holds but Arrow cannot (beyond int64, a lone surrogate): find it
+        arrays = _arrays_dropping_unstorable(cols, names, types, kept, first_row, on_error, errors)
+        errors.sort()
     return pa.RecordBatch.from_arrays(arrays, schema=schema), errors
+
+
+def _arrays_dropping_unstorable(
+    cols: list[list[Any]],
+    names: list[str],
+    types: list[pa.DataType],
+    kept: list[int],
+    first_row: int,
+    on_error: str,
+    errors: list[tuple[int, str]],
+) -> list[pa.Array]:
+    """The slow path of ``rows_to_batch``: each value on its own; a row with a value Arrow
+    refuses is an error (``skip``) or gets a null there (``null``)."""
+    drop: set[int] = set()
+    for c, name, t in zip(cols, names, types):
+        for j, v in enumerate(c):
+            if v is None or j in drop:
+                continue
+            try:
+                pa.array([v], type=t)
+            except (pa.ArrowException, ValueError, OverflowError, TypeError) as exc:
+                msg = f"field '{name}': {type(exc).__name__}: {exc} (value {v!r:.40})"
+                if on_error == "skip":
+                    errors.append((first_row + kept[j], msg))
+                    drop.add(j)
+                else:
+                    c[j] = None
+                    if (first_row + kept[j], msg) not in errors:
+                        errors.append((first_row + kept[j], msg))
+    keep = [j for j in range(len(kept)) if j not in drop]
+    return [pa.array([c[j] for j in keep], type=t) for c, t in zip(cols, types)]
+
+
+def one_object_per_line(data: bytes, n: int) -> bool:
+    """``data`` (n values joined by newlines) can be trusted to the JSON reader: every value
+    is one line starting with ``{`` (so it yields at least one row, and a row count of n
+    means exactly one each) and the whole is UTF-8 (the reader takes invalid UTF-8 into
+    string columns, and skips it in fields the schema ignores; ``json.loads`` rejects it).
+    Anything else (an empty value, a value spanning lines, leading blanks) goes to the
+    per-message path, which decides."""
+    if data[:1] != b"{" or data.count(b"\n") != n - 1 or data.count(b"\n{") != n - 1:
+        return False
+    if b"\r" in data:
+        return False
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return True
 
 
 def _fast_ok(schema: pa.Schema) -> bool:
@@ -186,11 +246,11 @@ def _fast_decode(values: Sequence[bytes | None], schema: pa.Schema) -> pa.Record
 
     if not values or len(values) < 64 or not _fast_ok(schema):
         return None
-    if None in values or not all(v[:1] == b"{" for v in values):  # type: ignore[index]
-        return None  # each line then yields at least one row, so a row count match means one each
+    if None in values:
+        return None
     joined = b"\n".join(values)  # type: ignore[arg-type]
-    if joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
-        return None  # a value spans lines: it could be read as several rows
+    if not one_object_per_line(joined, len(values)):
+        return None
     try:
         table = pj.read_json(
             io.BytesIO(joined),
@@ -232,6 +292,9 @@ def decode_json_messages(
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             errors.append((i, f"invalid JSON: {exc}"))
+            continue
+        except RecursionError:
+            errors.append((i, "invalid JSON: nested too deeply"))
             continue
         if not isinstance(doc, dict):
             errors.append((i, f"expected a JSON object, got {type(doc).__name__}"))

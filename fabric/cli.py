@@ -238,17 +238,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("serve", "demo"):
         return cmd_delegate(f"fabric.{'server' if argv[0] == 'serve' else 'demo'}", argv[1:])
     args = _parser().parse_args(argv)
+    from connectors.base import SourceError
+    from connectors.credentials import mask
+    from fabric.execute.errors import QueryError
+
     try:
         return int(args.fn(args) or 0)
     except DslError as e:
         _print_diagnostics(e.diagnostics, sys.stderr)
         return 1
     except LookupError as e:
-        print(f"fabric: {e.args[0] if e.args else e}", file=sys.stderr)
+        print(f"fabric: {mask(e.args[0] if e.args else e)}", file=sys.stderr)
         return 1
     except NotImplementedError as e:
         print(f"fabric: {e}", file=sys.stderr)
         return 2
+    except (QueryError, SourceError) as e:  # a failing source: its message, never a traceback
+        print(f"fabric: {mask(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ class ConnectionConfig:
 
     name: str
     kind: str
-    options: Mapping[str, Any]
+    options: Mapping[str, Any] = field(repr=False)  # holds credentials: never printed
     schemas: Mapping[str, pa.Schema] = field(default_factory=dict)
     span: Span | None = field(default=None, compare=False)
 

@@ -229,10 +229,13 @@ class FreshnessTracker:
             self._evaluate(s, now)
 
     def record_error(self, source: str, error: str) -> None:
-        """The source is unreachable or failing: stale until ``clear_error``."""
+        """The source is unreachable or failing: stale until ``clear_error``. The error is
+        served (``/v1/freshness``, signals): its credentials are masked."""
+        from connectors.credentials import mask
+
         with self._lock:
             s = self._get(source)
-            s.last_error = error
+            s.last_error = mask(error)
             self._evaluate(s, self.clock())
 
     def clear_error(self, source: str) -> None:

@@ -253,9 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    from connectors.credentials import MaskingFormatter, mask
+
+    logging.basicConfig(level=args.log_level.upper())
+    for h in logging.getLogger().handlers:  # the log never shows a credential
+        h.setFormatter(MaskingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
 
     from fabric.datasets import FabricService
 
@@ -269,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         service = FabricService.from_config_file(path)
     except Exception as exc:  # config errors are already formatted with file:line:col
-        print(f"fabric serve: {exc}", file=sys.stderr)
+        print(f"fabric serve: {mask(exc)}", file=sys.stderr)
         return 2
     service.start()
     app = create_app(service.tracker, emitter=service.emitter, health=service.health)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.json as pj
 
-from connectors.json_decode import decode_json_messages
+from connectors.json_decode import decode_json_messages, one_object_per_line
 
 Errors = list[tuple[int, str]]
 
@@ -71,6 +71,8 @@ class JsonDecoder:
 
     def _fast(self, values: Sequence[bytes]) -> pa.Table | None:
         data = b"\n".join(values)
+        if not one_object_per_line(data, len(values)):
+            return None
         try:
             t = pj.read_json(
                 io.BytesIO(data),
@@ -80,7 +82,7 @@ class JsonDecoder:
                 ),
                 parse_options=self._parse,
             )
-            if t.num_rows != len(values):  # empty values, two objects on a line ...
+            if t.num_rows != len(values):  # two objects on a line
                 return None
             return t.cast(self.schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
