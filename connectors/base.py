@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
+from connectors.credentials import mask, remember
 from dsl.ast import Expr, SortKey
 
 
@@ -39,10 +40,12 @@ class Pushdown(enum.Enum):
 
 
 class SourceError(Exception):
-    """A source failed (down, timed out, refused). Names the source; the executor adds the binding."""
+    """A source failed (down, timed out, refused). Names the source; the executor adds the binding.
+    Credentials in the message and the hint are masked (``connectors.credentials``)."""
 
     def __init__(self, uri: str, message: str, *, hint: str | None = None, retriable: bool = False):
         self.uri = uri
+        message, hint = mask(message), None if hint is None else mask(hint)
         self.hint = hint
         self.retriable = retriable
         super().__init__(f"source {uri}: {message}" + (f" (hint: {hint})" if hint else ""))
@@ -147,6 +150,10 @@ class Connection:
     def __init__(self, name: str, options: Mapping[str, Any]):
         self.name = name
         self.options = dict(options)
+        remember(self.options)  # its secrets are masked in every error from now on
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
 
     def source(self, obj: str, options: Mapping[str, Any] | None = None) -> Source:
         """Open ``<kind>://<name>/<obj>``; raise UnknownObjectError listing what exists."""
@@ -187,7 +194,14 @@ def connection_class(kind: str) -> type[Connection]:
 
 
 def open_connection(name: str, options: Mapping[str, Any]) -> Connection:
-    return connection_class(options["kind"])(name, options)
+    remember(options)
+    try:
+        return connection_class(options["kind"])(name, options)
+    except Exception as exc:  # e.g. a URL that does not parse, echoed with its password
+        text = str(exc)
+        if mask(text) != text:
+            raise ValueError(f"connection {name!r}: {mask(text)}") from None
+        raise
 
 
 def to_table(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> pa.Table:

@@ -43,6 +43,7 @@ from connectors.base import (
     UnknownObjectError,
     Watermark,
 )
+from connectors.credentials import mask_url
 from connectors.json_decode import infer_schema, rows_to_batch
 from dsl.ast import Between, Binary, Column, Expr, InList, IsNull, Like, Param, SortKey, Unary
 
@@ -498,7 +499,7 @@ class MongoConnection(Connection):
             | pe.ExecutionTimeout,
         )
         hint = (
-            f"check that the MongoDB server at {self.options['url']} is running and reachable"
+            f"check that the MongoDB server at {mask_url(self.options['url'])} is running and reachable"
             if down
             else None
         )

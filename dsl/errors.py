@@ -51,6 +51,15 @@ class Diagnostic:
     severity: str = "error"
     source_line: str | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        # a diagnostic may quote a driver's error or a line of fabric.yaml: mask credentials
+        from connectors.credentials import mask
+
+        for name in ("message", "hint", "source_line"):
+            value = getattr(self, name)
+            if value is not None and mask(value) != value:
+                object.__setattr__(self, name, mask(value))
+
     def format(self) -> str:
         where = f"{self.span}: " if self.span else ""
         out = [

@@ -7,7 +7,7 @@ class QueryError(RuntimeError):
     """A query failed at run time; names the binding and, when known, the source.
 
     ``binding``: the binding name; ``alias``/``uri``: the source that failed;
-    ``hint``: what would fix it."""
+    ``hint``: what would fix it. Credentials in the message and hint are masked."""
 
     def __init__(
         self,
@@ -18,6 +18,9 @@ class QueryError(RuntimeError):
         uri: str | None = None,
         hint: str | None = None,
     ):
+        from connectors.credentials import mask
+
+        message, hint = mask(message), None if hint is None else mask(hint)
         self.binding = binding
         self.alias = alias
         self.uri = uri
