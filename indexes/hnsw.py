@@ -75,6 +75,13 @@ class VectorIndex:
         self.build_threads = max(1, os.cpu_count() or 1)
         self.fold_ms_per_row = 0.5  # measured graph insert cost (moving average)
         self._local = threading.local()
+        # hnswlib keeps one ef per index (set_ef), read by every knn_query running on it:
+        # the gate lets searches with the same ef run together and makes one that needs
+        # another ef wait until they drain (newcomers queue behind it: no starvation)
+        self._ef_cond = threading.Condition(threading.Lock())
+        self._ef_now = spec.ef
+        self._ef_users = 0
+        self._ef_waiting: dict[int, int] = {}
 
     # ------------------------------------------------------------------ storage
     def _aux(self, m: np.ndarray) -> np.ndarray:
@@ -194,12 +201,37 @@ class VectorIndex:
         k = min(k, self.in_graph)
         if k <= 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)
-        self.graph.set_ef(max(ef, k))
+        ef = max(ef, k)
+        self._ef_enter(ef)
         try:
             labels, dists = self.graph.knn_query(q, k=k, num_threads=1, filter=filter)
         except RuntimeError:  # fewer than k reachable (filter too tight or many deletions)
             return np.empty(0, np.int64), np.empty(0, np.float32)
+        finally:
+            self._ef_exit()
         return labels[0].astype(np.int64), dists[0]
+
+    def _ef_enter(self, ef: int) -> None:
+        with self._ef_cond:
+            if self._ef_users and (self._ef_now != ef or self._ef_waiting):
+                self._ef_waiting[ef] = self._ef_waiting.get(ef, 0) + 1
+                while self._ef_users and (
+                    self._ef_now != ef or any(e != ef for e in self._ef_waiting)
+                ):
+                    self._ef_cond.wait()
+                self._ef_waiting[ef] -= 1
+                if not self._ef_waiting[ef]:
+                    del self._ef_waiting[ef]
+            if self._ef_now != ef:
+                self.graph.set_ef(ef)
+                self._ef_now = ef
+            self._ef_users += 1
+
+    def _ef_exit(self) -> None:
+        with self._ef_cond:
+            self._ef_users -= 1
+            if not self._ef_users:
+                self._ef_cond.notify_all()
 
     def nbytes(self) -> int:
         M = self.spec.M
@@ -223,3 +255,4 @@ class VectorIndex:
         g.set_ef(self.spec.ef)
         g.set_num_threads(1)
         self.graph = g
+        self._ef_now = self.spec.ef

@@ -563,3 +563,34 @@ def test_deletes_racing_the_background_folder_never_leave_dead_rows_in_the_graph
         assert set(labels.tolist()) <= live
         got = ds.search("emb", q, 5, strategy="postfilter")[0].column("id").to_pylist()
         assert got == exact_ids(ds, q, 5)
+
+
+def test_concurrent_searches_with_different_ef_do_not_share_one_ef():
+    """hnswlib has one ef per index; two threads searching with ef=10 and ef=400 must each
+    get what they get alone (a wide walk finds rows a narrow one misses). hnswlib 0.8
+    holds the GIL through a single-threaded knn_query, so set_ef + query did not race
+    before the ef gate either; this pins the contract for a binding that releases it."""
+    from indexes.hnsw import VectorIndex
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6000, DIM)).astype(np.float32)
+    vi = VectorIndex("emb", DIM, IndexSpec("hnsw", metric="l2", M=4, ef_construction=20, ef=10))
+    vi.append(0, x)
+    vi.fold(np.ones(6000, bool), force=True)
+    qs = rng.standard_normal((40, DIM)).astype(np.float32)
+    alone = {ef: [vi.knn(q, 10, ef)[0].tolist() for q in qs] for ef in (10, 400)}
+    assert alone[10] != alone[400]  # the two breadths differ on these queries
+    bad: list[tuple[int, int]] = []
+
+    def run(ef: int) -> None:
+        for _ in range(15):
+            for i, q in enumerate(qs):
+                if vi.knn(q, 10, ef)[0].tolist() != alone[ef][i]:
+                    bad.append((ef, i))
+
+    threads = [threading.Thread(target=run, args=(ef,)) for ef in (10, 400, 10, 400)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, f"{len(bad)} searches ran with another thread's ef, e.g. {bad[:3]}"
