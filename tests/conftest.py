@@ -40,13 +40,31 @@ SERVER_FIXTURES = {
     "s3": "s3",
     "prometheus_bin": "prometheus",
 }
+# parameter values of fixtures parametrized by server -> the server's marker
+SERVER_ALIASES = {
+    "noida": "kafka",
+    "kafka": "kafka",
+    "tansu": "tansu",
+    "mariadb": "mariadb",
+    "postgres": "postgres",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        needed = {
-            SERVER_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in SERVER_FIXTURES
-        }
+        names = set(getattr(item, "fixturenames", ()))
+        # fixtures reached through getfixturevalue: a conformance class names its server's
+        # fixture in a class attribute; a fixture parametrized by server passes the name
+        # of that server as its parameter
+        cls = getattr(item, "cls", None)
+        names |= {getattr(cls, a) for a in ("url_fixture", "bootstrap_fixture") if hasattr(cls, a)}
+        callspec = getattr(item, "callspec", None)
+        for value in callspec.params.values() if callspec is not None else ():
+            if isinstance(value, str):
+                names |= {
+                    f for f in SERVER_FIXTURES if SERVER_FIXTURES[f] == SERVER_ALIASES.get(value)
+                }
+        needed = {SERVER_FIXTURES[f] for f in names if f in SERVER_FIXTURES}
         if needed:
             item.add_marker(pytest.mark.servers)
             for marker in sorted(needed):
