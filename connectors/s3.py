@@ -25,7 +25,7 @@ import fnmatch
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.csv
@@ -178,6 +178,7 @@ class S3Source(Source):
             files, base = self._list()
         except (OSError, pa.ArrowException) as exc:
             raise self.conn.error(exc, self.obj) from exc
+        self.conn.check_inside(self.obj, files)
         if not files:
             raise UnknownObjectError(self.uri, self.conn.list_objects())
         key = [(f.path, f.size, f.mtime) for f in files]
@@ -408,8 +409,33 @@ class S3Connection(Connection):
         return f"{'file' if self.local else 's3'}://{self.name}/{obj}"
 
     def path(self, obj: str) -> str:
+        """The object's path on the file system: always below the bucket/root (a ``..``
+        segment, also URL-encoded or inside a glob, raises SourceError)."""
+        for text in {obj, unquote(obj)}:
+            if ".." in text.replace("\\", "/").split("/"):
+                raise SourceError(
+                    self.uri(obj),
+                    "an object path may not contain '..' segments: objects are read only "
+                    f"below the connection's {'root' if self.local else 'bucket'}",
+                    hint="name the object relative to the root (e.g. orders/*.parquet)",
+                )
         prefix = str(self.options.get("prefix") or "").strip("/")
         return "/".join(p for p in (self.base, prefix, obj.lstrip("/")) if p)
+
+    def check_inside(self, obj: str, files: list[pafs.FileInfo]) -> None:
+        """Refuse files that resolve outside the root (a symlink to elsewhere): local only."""
+        if not self.local:
+            return
+        root = os.path.realpath(self.base)
+        for f in files:
+            real = os.path.realpath(f.path)
+            if os.path.commonpath([root, real]) != root:
+                rel = os.path.relpath(f.path, self.base)
+                raise SourceError(
+                    self.uri(obj),
+                    f"{rel} is a symbolic link to a file outside the connection's root",
+                    hint="copy the file below the root, or point the connection's root at it",
+                )
 
     @property
     def fs(self) -> pafs.FileSystem:
