@@ -39,6 +39,7 @@ from indexes.spec import DatasetError, IndexSpec
 FORMAT_VERSION = 1
 log = logging.getLogger("indexes.dataset")
 FOLDER_NICE = 5  # niceness added to the background folder thread
+QUERY_ACTIVE_S = 0.05  # a search this recent makes the folder yield (fold_yield_ms holds)
 
 
 class Dataset:
@@ -53,6 +54,7 @@ class Dataset:
         background_fold: bool = True,
         max_growing: int = 50_000,
         fold_lock_ms: float = 10.0,
+        fold_yield_ms: float = 1.0,
     ):
         if key not in schema.names:
             raise DatasetError(
@@ -102,6 +104,11 @@ class Dataset:
         self.background_fold = background_fold
         self.max_growing = max_growing
         self.fold_lock_ms = fold_lock_ms
+        # while queries run (one started in the last QUERY_ACTIVE_S) the folder yields: it
+        # takes the graph only at a moment no search holds it, for about fold_yield_ms,
+        # then rests as long, so a search waits ~fold_yield_ms / 4 on average
+        self.fold_yield_ms = fold_yield_ms
+        self.query_at = -1e9  # time.monotonic() of the last search
         self._fold_wake = threading.Event()
         self._fold_cond = threading.Condition()
         self._folder: threading.Thread | None = None
@@ -303,16 +310,18 @@ class Dataset:
         """
         done = 0
         held = 0.0
+        busy = time.monotonic() - self.query_at < QUERY_ACTIVE_S
+        target = self.fold_yield_ms if busy else self.fold_lock_ms
         for vi in self.vectors.values():
             if vi.pending() < self._due_at(vi):
                 continue
             with self.lock.read():
                 start = vi.folded
-                end = min(vi.n, start + vi.chunk_rows(self.fold_lock_ms))
+                end = min(vi.n, start + vi.chunk_rows(target))
                 ids = np.arange(start, end)[self.alive[start:end]]
                 vecs = vi.vectors[ids]
             t0 = time.perf_counter()
-            with self.graph_lock.write():
+            with self.graph_lock.write(polite=0.05 if busy else 0.0):
                 if vi.folded != start:  # flush() folded meanwhile
                     continue
                 vi.timed_insert(ids, vecs)
@@ -326,7 +335,7 @@ class Dataset:
         with self._fold_cond:
             self._fold_cond.notify_all()
         if done:  # the lock prefers writers: step aside so waiting queries get in
-            time.sleep(min(0.005, max(0.0005, held / 4)))
+            time.sleep(held if busy else min(0.005, max(0.0005, held / 4)))
         return done
 
     def wait_folded(self, timeout: float = 30.0) -> bool:
@@ -369,7 +378,8 @@ class Dataset:
             fresh.flush()
             keep = {"lock", "graph_lock", "directory", "cost_model", "feedback", "version"}
             keep.add("background_fold")
-            keep |= {"max_growing", "fold_lock_ms", "_fold_wake", "_fold_cond", "_folder"}
+            keep |= {"max_growing", "fold_lock_ms", "fold_yield_ms", "_fold_wake", "_fold_cond"}
+            keep |= {"_folder", "query_at"}
             keep.add("_closed")
             for k, v in vars(fresh).items():
                 if k not in keep:
@@ -447,6 +457,7 @@ class Dataset:
         """
         from indexes.retrieval import search
 
+        self.query_at = time.monotonic()
         with self.lock.read(), self.graph_lock.read():
             rowids, dists, info = search(
                 self, column, query, k, where, params or {}, strategy=strategy, ef=ef, guards=guards

@@ -147,13 +147,13 @@ class VectorIndex:
 
     def chunk_rows(self, target_ms: float) -> int:
         """Rows one fold step should insert to take about ``target_ms`` (measured cost)."""
-        return int(min(4096, max(8, target_ms / max(self.fold_ms_per_row, 1e-3))))
+        return int(min(4096, max(2, target_ms / max(self.fold_ms_per_row, 1e-3))))
 
     def timed_insert(self, ids: np.ndarray, vecs: np.ndarray, threads: int = 1) -> None:
         """``insert`` that keeps the per-row cost estimate ``chunk_rows`` sizes from."""
         t0 = time.perf_counter()
         self.insert(ids, vecs, threads)
-        if len(ids) >= 8:
+        if len(ids) >= 2:
             ms = (time.perf_counter() - t0) * 1e3 / len(ids)
             self.fold_ms_per_row = 0.7 * self.fold_ms_per_row + 0.3 * ms
 

@@ -206,16 +206,19 @@ def _growing(
     pred: Pred | None,
     cm: CostModel,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact search over the growing segment (rows not yet folded into the graph)."""
-    if vi.folded >= vi.n:
+    """Exact search over the growing segment (rows not yet folded into the graph; at most
+    ``max_growing`` of them, by backpressure): unfiltered, one contiguous pass masked by
+    liveness; filtered, the segment's candidates, sliced or gathered."""
+    lo, hi = vi.folded, vi.n
+    if lo >= hi:
         return np.empty(0, np.int64), np.empty(0, np.float32)
+    if cand is None and pred is None:
+        d = vi.distances(q, slice(lo, hi))
+        live = np.flatnonzero(ds.alive[lo:hi])
+        return topk(live + lo, d[live], k)
     seg = BitMap()
-    seg.add_range(vi.folded, vi.n)
-    seg &= ds.live
-    if cand is not None:
-        seg &= cand
-    elif pred is not None:
-        seg = pred.evaluate(seg)
+    seg.add_range(lo, hi)
+    seg = seg & cand if cand is not None else pred.evaluate(seg & ds.live)  # type: ignore[union-attr]
     return exact_on(vi, q, array_of(seg), k, cm)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,8 +30,18 @@ class RWLock:
                     self._cond.notify_all()
 
     @contextmanager
-    def write(self) -> Iterator[None]:
+    def write(self, polite: float = 0.0) -> Iterator[None]:
+        """Exclusive. ``polite`` (seconds): for up to that long, wait for a moment with no
+        reader without holding new readers back (a background job yielding to queries);
+        then queue as an ordinary writer."""
         with self._cond:
+            if polite > 0:
+                deadline = time.monotonic() + polite
+                while self._writer or self._readers or self._waiting_writers:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
             self._waiting_writers += 1
             while self._writer or self._readers:
                 self._cond.wait()
