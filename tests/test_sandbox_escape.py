@@ -603,8 +603,10 @@ with SandboxPool(size=1) as p:
     not shutil.which("setpriv") or os.geteuid() != 0, reason="needs root and setpriv"
 )
 def test_missing_os_layers_are_reported_once_and_the_rest_still_apply():
-    """A fabric without capabilities (like a non-root one) loses namespaces, chroot and the
-    uid switch; it says so at start-up and still runs snippets under the other layers."""
+    """A fabric without capabilities (like a non-root one) loses the uid switch (and, where
+    the kernel refuses unprivileged user namespaces, the network namespace and chroot,
+    which the worker otherwise gets inside a user namespace of its own: it enters it while
+    it has one thread); it says so at start-up and still runs snippets under the others."""
     root = str(Path(__file__).resolve().parents[1])
     proc = subprocess.run(
         ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", DEGRADED],
@@ -613,9 +615,7 @@ def test_missing_os_layers_are_reported_once_and_the_rest_still_apply():
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     layers = report["layers"]
-    assert layers["chroot"].startswith("unavailable") and layers["drop_privileges"].startswith(
-        "unavailable"
-    )
+    assert layers["drop_privileges"].startswith("unavailable")
     assert layers["seccomp"] == "active" and layers["rlimits"] == "active"
     assert layers["restricted_python"] == "active"
     for name, state in layers.items():

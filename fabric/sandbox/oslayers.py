@@ -1,13 +1,15 @@
 """Operating-system layers of a sandbox worker, applied before any user code is loaded.
 
-Order: network namespace, resource limits, chroot into an empty read-only directory,
-dropped privileges, seccomp filter.  Each layer that cannot be applied on this machine is
-reported as ``unavailable: <reason>`` and the others still apply.
+Order: network namespace (entered by ``boot.py`` while the process has one thread),
+resource limits, chroot into an empty read-only directory, dropped privileges (a uid of
+its own per worker), seccomp filter (synchronised onto every thread with TSYNC).  Each
+layer that cannot be applied on this machine is reported as ``unavailable: <reason>`` and
+the others still apply; the pool then checks every thread from ``/proc``
+(``verify_threads``) and refuses a worker with a thread that escaped a layer.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import resource
@@ -18,11 +20,11 @@ try:  # imported now: after chroot nothing can be loaded from disk
 except ImportError:  # reported as an unavailable layer
     pyseccomp = None
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
 CLONE_THREAD = 0x00010000
 PROT_EXEC = 0x4
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
+
+UID_BASE = 1_900_000_000  # worker uid = UID_BASE + its pid: unique among live workers
 
 LAYER_NAMES = ("network_namespace", "rlimits", "chroot", "drop_privileges", "seccomp")
 
@@ -60,26 +62,28 @@ def lockdown(
     max_memory: int,
     cpu_budget: int,
     skip: frozenset[str] | set[str] = frozenset(),
+    network_namespace: str = "unavailable: the worker was not started through boot.py",
 ) -> dict[str, str]:
     """Apply every layer it can, in order; returns ``{layer: "active" | "unavailable: ..."}``.
 
     ``skip`` names layers to leave out (tests use it to show that the others hold alone).
+    ``network_namespace`` is the state of the namespace ``boot.py`` entered before any
+    thread existed (it cannot be entered here: threads started since would stay outside).
     """
     steps = {
-        "network_namespace": _new_network_namespace,
         "rlimits": lambda: _rlimits(nofile, max_memory, cpu_budget),
         "chroot": lambda: _chroot(jail),
         "drop_privileges": lambda: _drop_privileges(uid, gid),
         "seccomp": _seccomp,
     }
-    layers: dict[str, str] = {}
+    layers: dict[str, str] = {"network_namespace": network_namespace}
     for name, step in steps.items():
         if name in skip:
             layers[name] = "unavailable: disabled by the pool"
         elif name == "chroot" and not jail:
             layers[name] = "unavailable: needs root (no jail directory)"
         elif name == "drop_privileges" and (uid is None or os.geteuid() != 0):
-            layers[name] = "unavailable: the fabric does not run as root"
+            layers[name] = "unavailable: the fabric does not run as root (no uid to switch to)"
         else:
             try:
                 step()
@@ -87,17 +91,6 @@ def lockdown(
             except Exception as exc:  # layers are independent: report it, keep the others
                 layers[name] = f"unavailable: {type(exc).__name__}: {exc}"
     return layers
-
-
-def _new_network_namespace() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) == 0:
-        return
-    first = ctypes.get_errno()
-    # without CAP_SYS_ADMIN: a user namespace (if the kernel allows them) owns the new one
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        return
-    raise OSError(first, f"unshare(CLONE_NEWNET): {os.strerror(first)}")
 
 
 def _rlimits(nofile: int, max_memory: int, cpu_budget: int) -> None:
@@ -145,6 +138,8 @@ def _seccomp() -> None:
     sc = pyseccomp
     deny = sc.ERRNO(errno.EPERM)
     flt = sc.SyscallFilter(defaction=sc.ALLOW)
+    # onto every thread of the process (pyarrow's pool, jemalloc's), not only this one
+    flt.set_attr(sc.Attr.CTL_TSYNC, 1)
     for name in DENIED_SYSCALLS:
         _add(flt, deny, name)
     for name in NOSYS_SYSCALLS:
@@ -168,3 +163,58 @@ def _add(flt, action: int, name: str, *args) -> None:
     if sc.resolve_syscall(sc.Arch.NATIVE, name) == -1:  # not a syscall libseccomp knows
         return
     flt.add_rule(action, name, *args)
+
+
+def worker_uid(pid: int) -> int:
+    """The uid (and gid) a worker runs as: one of its own, so that no kernel permission check
+    between two workers (signals, ptrace, /proc) can pass on a shared uid."""
+    return UID_BASE + pid
+
+
+def verify_threads(pid: int, layers: dict[str, str], jail: str | None) -> dict[str, str]:
+    """Check from the fabric's side, on every thread of worker ``pid``, each layer the
+    worker reports active; returns the layers with a failed check replaced by
+    ``"failed: <what>"``.  Reads /proc, which the worker cannot write.
+    """
+    out = dict(layers)
+    host_net = os.readlink("/proc/self/ns/net")
+    expect_id = str(worker_uid(pid))
+    tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+
+    def fail(layer: str, what: str) -> None:
+        if out.get(layer) == "active":
+            out[layer] = f"failed: {what}"
+
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        with open(f"{base}/status") as f:
+            status = dict((k, v.strip()) for k, v in (ln.split(":", 1) for ln in f if ":" in ln))
+        if layers.get("seccomp") == "active":
+            if status.get("Seccomp") != "2":
+                fail("seccomp", f"thread {tid} has Seccomp: {status.get('Seccomp')}")
+            if status.get("NoNewPrivs") != "1":
+                fail("seccomp", f"thread {tid} has NoNewPrivs: {status.get('NoNewPrivs')}")
+        if (
+            layers.get("network_namespace") == "active"
+            and os.readlink(f"{base}/ns/net") == host_net
+        ):
+            fail("network_namespace", f"thread {tid} is in the fabric's network namespace")
+        if layers.get("drop_privileges") == "active":
+            for key in ("Uid", "Gid"):
+                ids = status.get(key, "").split()
+                if ids != [expect_id] * 4:
+                    fail("drop_privileges", f"thread {tid} has {key}: {' '.join(ids)}")
+            if status.get("Groups", "") != "" or int(status.get("CapEff", "1"), 16) != 0:
+                fail("drop_privileges", f"thread {tid} keeps groups or capabilities")
+        if layers.get("chroot") == "active" and jail:
+            root = os.readlink(f"{base}/root")
+            if os.path.realpath(root) != os.path.realpath(jail):
+                fail("chroot", f"thread {tid} has its root at {root}")
+    if layers.get("rlimits") == "active":
+        with open(f"/proc/{pid}/limits") as f:
+            text = f.read()
+        for name in ("Max processes", "Max core file size", "Max file size"):
+            row = next((ln for ln in text.splitlines() if ln.startswith(name)), "")
+            if row[len(name) :].split()[:2] != ["0", "0"]:
+                fail("rlimits", f"{name} is not 0")
+    return out

@@ -13,7 +13,6 @@ import json
 import logging
 import mmap
 import os
-import pwd
 import queue
 import select
 import shutil
@@ -40,6 +39,7 @@ from .errors import (
     SandboxViolation,
 )
 from .limits import SandboxLimits
+from .oslayers import verify_threads
 from .policy import ALLOWED_MODULES, resolve_modules
 from .protocol import MAX_HEADER_BYTES, PREFIX, encode, ipc_bytes, ipc_into
 from .static import check_snippet
@@ -47,6 +47,7 @@ from .static import check_snippet
 log = logging.getLogger("fabric.sandbox")
 _WARNED: set[str] = set()
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+_BOOT = str(Path(__file__).resolve().with_name("boot.py"))
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 F_SETPIPE_SZ = 1031
@@ -66,7 +67,12 @@ class _Worker:
     """One worker process and the fabric's end of its two pipes."""
 
     def __init__(
-        self, argv: Sequence[str], env: dict[str, str], start_timeout: float, shm_bytes: int = 0
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        start_timeout: float,
+        shm_bytes: int = 0,
+        jail: str | None = None,
     ):
         self.shm_in = self.shm_out = None
         shm_fds: list[int] = []
@@ -119,7 +125,24 @@ class _Worker:
                 f"a sandbox worker failed to start ({type(exc).__name__}); "
                 f"its stderr: {detail or '(empty)'}",
             ) from None
-        self.layers: dict[str, str] = header.get("layers", {})
+        claimed = header.get("layers", {})
+        try:
+            self.layers = verify_threads(self.pid, claimed, jail)
+        except OSError as exc:  # the worker died or /proc cannot be read: nothing is verified
+            self.kill()
+            raise SandboxError(
+                "(pool start-up)", f"could not verify the sandbox worker's threads: {exc}"
+            ) from None
+        failed = {k: v for k, v in self.layers.items() if v.startswith("failed")}
+        if failed:  # fail closed: a thread outside a layer the worker claims is an escape
+            self.kill()
+            raise SandboxError(
+                "(pool start-up)",
+                "refusing to run snippets: a sandbox worker has a thread outside its layers ("
+                + "; ".join(f"{k} {v}" for k, v in failed.items())
+                + ")",
+                hint="report this as a bug; the pool runs no snippet on such a worker",
+            )
         self.base_vsz = self.vsz()
 
     # process facts, read from /proc by the fabric (the worker cannot lie about them)
@@ -297,19 +320,11 @@ class SandboxPool:
         self._live = 0
         self._closed = False
         self._jail: str | None = None
-        self._argv = list(_worker_argv or [sys.executable, "-s", "-m", "fabric.sandbox.worker"])
+        self._argv = list(_worker_argv or [sys.executable, "-s", _BOOT])
         if os.geteuid() == 0:
             self._jail = tempfile.mkdtemp(prefix="fabric-sandbox-jail-")
             os.chmod(self._jail, 0o555)
-            nobody = pwd.getpwnam("nobody")
-            self._argv += [
-                "--jail",
-                self._jail,
-                "--uid",
-                str(nobody.pw_uid),
-                "--gid",
-                str(nobody.pw_gid),
-            ]
+            self._argv += ["--jail", self._jail, "--own-uid"]
         self._argv += [
             "--max-memory",
             str(self.limits.memory_bytes),
@@ -364,7 +379,7 @@ class SandboxPool:
             self._live += 1
         try:
             shm = self.limits.output_bytes if self.transport == "shm" else 0
-            return _Worker(self._argv, self._env, self.start_timeout, shm)
+            return _Worker(self._argv, self._env, self.start_timeout, shm, self._jail)
         except BaseException:
             with self._lock:
                 self._live -= 1

@@ -1,6 +1,7 @@
-"""A sandbox worker process: ``python -m fabric.sandbox.worker --in FD --out FD ...``.
+"""A sandbox worker process: ``python -s fabric/sandbox/boot.py --in FD --out FD ...``.
 
-Started by ``SandboxPool`` (never forked from the fabric).  It imports pyarrow, numpy and
+Started by ``SandboxPool`` (never forked from the fabric) through ``boot.py``, which enters
+the network namespace while the process has one thread.  It imports pyarrow, numpy and
 the allowed modules, locks itself down (``oslayers.lockdown``), reports ``ready`` with
 the active layers, then serves calls: Arrow IPC table in, snippet run under the runtime
 layer, Arrow IPC table out.  Errors are reported with the snippet line that was running.
@@ -292,13 +293,16 @@ def _stack_depth() -> list[types.FrameType]:
     return frames
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m fabric.sandbox.worker")
+def main(argv: list[str] | None = None, network_namespace: str | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -s fabric/sandbox/boot.py")
     ap.add_argument("--in", dest="rfd", type=int, required=True)
     ap.add_argument("--out", dest="wfd", type=int, required=True)
     ap.add_argument("--jail")
     ap.add_argument("--uid", type=int)
     ap.add_argument("--gid", type=int)
+    ap.add_argument(
+        "--own-uid", action="store_true", help="run as a uid of its own (oslayers.worker_uid)"
+    )
     ap.add_argument("--shm", help="in_fd,out_fd,size of the shared-memory regions")
     ap.add_argument("--modules", help="comma-separated allowlist (default: policy.ALLOWED_MODULES)")
     ap.add_argument("--max-memory", type=int, default=1 << 30)
@@ -313,14 +317,18 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     call_limits = _Limits()
     nofile = max(args.rfd, args.wfd, 2) + 8
+    uid, gid = args.uid, args.gid
+    if args.own_uid:
+        uid = gid = oslayers.worker_uid(os.getpid())
     layers = oslayers.lockdown(
         args.jail,
-        args.uid,
-        args.gid,
+        uid,
+        gid,
         nofile,
         args.max_memory,
         args.cpu_budget,
         skip=set(filter(None, args.skip_layers.split(","))),
+        **({} if network_namespace is None else {"network_namespace": network_namespace}),
     )
     layers["restricted_python"] = (
         "unavailable: disabled by the pool" if args.no_restricted_python else "active"

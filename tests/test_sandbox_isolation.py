@@ -1,0 +1,148 @@
+"""Isolation between a snippet and the host, and between bindings (issue 13).
+
+Each test checks the side effect of an attack (a listener that must receive nothing, a
+marker file that must not exist, another binding's rows that must not be readable, a
+sibling worker that must stay alive), not only the error class.
+"""
+
+import os
+import socket
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from fabric.sandbox import SandboxLimits, SandboxPool
+
+LIMITS = SandboxLimits(cpu_seconds=2.0, wall_seconds=5.0, memory_bytes=256 << 20,
+                       output_bytes=1 << 20, max_rows=5000)  # fmt: skip
+TABLE = pa.table({"id": list(range(100))})
+
+
+def _workers(pool: SandboxPool) -> list:
+    return list(pool._idle.queue)
+
+
+class _Listener:
+    """A TCP listener on the host's 127.0.0.1 that records every connection it accepts."""
+
+    def __init__(self) -> None:
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(8)
+        self.srv.settimeout(0.1)
+        self.port = self.srv.getsockname()[1]
+        self.accepted: list = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.srv.accept()
+                self.accepted.append(conn)
+            except TimeoutError:
+                pass
+
+    def close(self) -> None:
+        time.sleep(0.2)  # a connection still in flight would be accepted by now
+        self.stop.set()
+        self.thread.join()
+        self.srv.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+# Finding 1: a pyarrow compute UDF that Acero runs on its CPU-pool thread, which tries to
+# connect to the host's loopback and to create a file.  Needs real builtins (the static
+# check and the restricted-Python layer are off): only the OS layers stand.
+THREAD_ESCAPE = """
+import ctypes, os, struct, threading, time
+import pyarrow as pa
+import pyarrow.compute as pc
+libc = ctypes.CDLL(None, use_errno=True)
+
+def run(table, port, marker):
+    notes = []
+    def udf(ctx, x):
+        notes.append(f"tid={threading.get_native_id()} pid={os.getpid()}")
+        fd = libc.socket(2, 1, 0)
+        if fd < 0:
+            notes.append(f"socket errno={ctypes.get_errno()}")
+        else:
+            addr = struct.pack("<HH4s8x", 2, ((port & 255) << 8) | (port >> 8), bytes([127, 0, 0, 1]))
+            rc = libc.connect(fd, addr, len(addr))
+            notes.append(f"connect rc={rc} errno={ctypes.get_errno()}")
+        try:
+            with open(marker, "w") as f:
+                f.write("escaped")
+            notes.append("marker written")
+        except OSError as e:
+            notes.append(f"open errno={e.errno}")
+        return pc.greater_equal(x, 0)
+    name = f"probe_{time.monotonic_ns()}"
+    pc.register_scalar_function(udf, name, {"summary": "p", "description": "p"},
+                                {"x": pa.int64()}, pa.bool_())
+    table.filter(pc.Expression._call(name, [pc.field("id")]))
+    return pa.table({"note": notes})
+"""
+
+
+@pytest.mark.parametrize(
+    "skip",
+    [(), ("seccomp",), ("network_namespace", "chroot", "drop_privileges")],
+    ids=["all_os_layers", "network_namespace_alone", "seccomp_alone"],
+)
+def test_a_udf_on_a_pyarrow_pool_thread_cannot_reach_the_host(tmp_path, skip):
+    listener = _Listener()
+    marker = tmp_path / "escaped.txt"
+    os.chmod(tmp_path, 0o777)  # writable by the worker's uid, if the uid layer is on
+    try:
+        with SandboxPool(
+            size=1,
+            limits=LIMITS,
+            _static_checks=False,
+            _restricted_python=False,
+            _skip_layers=skip,
+        ) as pool:
+            out = pool.run(
+                THREAD_ESCAPE,
+                TABLE,
+                params={"port": listener.port, "marker": str(marker)},
+                binding="thread_escape",
+            )
+    finally:
+        listener.close()
+    notes = out["note"].to_pylist()
+    tids = [n for n in notes if n.startswith("tid=")]
+    assert tids, notes
+    tid, pid = (int(x.split("=")[1]) for x in tids[0].split())
+    assert tid != pid, f"the UDF ran on the main thread; the test proves nothing: {notes}"
+    assert listener.accepted == [], notes
+    assert not marker.exists(), notes
+
+
+def _host_netns() -> str:
+    return os.readlink("/proc/self/ns/net")
+
+
+def test_every_thread_of_every_worker_is_confined():
+    with SandboxPool(size=2, limits=LIMITS) as pool:
+        workers = _workers(pool)
+        assert len(workers) == 2
+        for w in workers:
+            tids = os.listdir(f"/proc/{w.pid}/task")
+            assert len(tids) > 1  # pyarrow's threads exist: the check below means something
+            for tid in tids:
+                with open(f"/proc/{w.pid}/task/{tid}/status") as f:
+                    status = dict(
+                        line.split(":", 1) for line in f.read().splitlines() if ":" in line
+                    )
+                assert status["Seccomp"].strip() == "2", (w.pid, tid, status["Seccomp"])
+                assert status["NoNewPrivs"].strip() == "1", (w.pid, tid)
+                assert os.readlink(f"/proc/{w.pid}/task/{tid}/ns/net") != _host_netns(), tid
+                uids = status["Uid"].split()
+                assert uids[0] != "0" and len(set(uids)) == 1, (tid, uids)
+        assert all(v == "active" for v in pool.layers.values()), pool.layers
