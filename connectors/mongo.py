@@ -17,6 +17,7 @@ a comparison is never true for null/missing fields (``!=`` is ``$nin: [v, null]`
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -53,19 +54,70 @@ _FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _NEG = {"=": "!=", "!=": "=", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 
 
-def like_regex(pattern: str) -> str:
-    """SQL LIKE pattern (``%``, ``_``, backslash escapes) -> anchored, fully escaped regex."""
-    out, i = ["^"], 0
+#: unbounded wildcards a pushed LIKE regex may hold (an unanchored start counts as one):
+#: with one, a regex engine's backtracking is linear in the string; with k it is O(n^k)
+#: (a 26-character ``%a%b%c...`` pattern took 5-13 s of server CPU)
+MAX_LIKE_WILDCARDS = 1
+ANY, ONE = "%", "_"  # wildcard tokens; literal text is a (text,) tuple
+
+
+def like_tokens(pattern: str) -> list[str | tuple[str]]:
+    """SQL LIKE pattern (``%``, ``_``, backslash escapes) -> tokens: ``ANY``, ``ONE`` or a
+    literal ``(text,)``; a run of ``%`` is one ``ANY``."""
+    out: list[str | tuple[str]] = []
+    lit: list[str] = []
+    i = 0
     while i < len(pattern):
         ch = pattern[i]
         if ch == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
+            lit.append(pattern[i + 1])
             i += 2
             continue
-        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        if ch in (ANY, ONE):
+            if lit:
+                out.append(("".join(lit),))
+                lit = []
+            if not (ch == ANY and out and out[-1] == ANY):
+                out.append(ch)
+        else:
+            lit.append(ch)
         i += 1
-    out.append("$")
-    return "".join(out)
+    if lit:
+        out.append(("".join(lit),))
+    return out
+
+
+def like_regex(pattern: str) -> str | None:
+    """SQL LIKE pattern -> an equivalent, fully escaped regex whose backtracking is bounded
+    (a leading/trailing ``%`` drops the anchor instead of becoming ``.*``), or None when
+    that needs more than ``MAX_LIKE_WILDCARDS`` unbounded wildcards.
+
+    >>> like_regex("abc%"), like_regex("%a_c%"), like_regex("a%c%"), like_regex("%a%b%")
+    ('^abc', 'a.c', '^a.*c', None)
+    """
+    toks = like_tokens(pattern)
+    head = not (toks and toks[0] == ANY)
+    body = toks if head else toks[1:]
+    tail = not (body and body[-1] == ANY)
+    body = body if tail else body[:-1]
+    if body.count(ANY) + (0 if head else 1) > MAX_LIKE_WILDCARDS:
+        return None
+    parts = ["^" if head else ""]
+    for t in body:
+        parts.append(".*" if t == ANY else "." if t == ONE else re.escape(t[0]))
+    parts.append("$(?!\\n)" if tail else "")  # '$' alone also matches before a final newline
+    return "".join(parts)
+
+
+def like_prefilter(pattern: str) -> str | None:
+    """A bounded regex every match of ``pattern`` also matches (None: nothing useful): the
+    anchored literal start, else the longest literal piece. The LIKE itself is then
+    applied by the connector on the rows it returns."""
+    toks = like_tokens(pattern)
+    if toks and isinstance(toks[0], tuple):
+        return "^" + re.escape(toks[0][0])
+    pieces = [t[0] for t in toks if isinstance(t, tuple)]
+    return re.escape(max(pieces, key=len)) if pieces else None
 
 
 def _plain_scalar(v: Any) -> bool:
@@ -108,6 +160,15 @@ def merge_and(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+class LikeTooComplex(NotTranslatable):
+    """A LIKE pattern past ``MAX_LIKE_WILDCARDS``: applied by the connector on the returned
+    rows; ``prefilter`` is a bounded regex filter every matching document also passes."""
+
+    def __init__(self, prefilter: dict[str, Any] | None):
+        super().__init__("a LIKE pattern with too many '%' wildcards for a bounded regex")
+        self.prefilter = prefilter
+
+
 class _Translator:
     def __init__(
         self, src: MongoSource, params: Mapping[str, Any], now: dt.datetime, probe: bool = False
@@ -139,6 +200,8 @@ class _Translator:
             v = dt.datetime(v.year, v.month, v.day, tzinfo=dt.UTC)
         if isinstance(v, dt.timedelta):
             raise NotTranslatable("a bare interval")
+        if isinstance(v, decimal.Decimal):  # columns read from Mongo are floats (double)
+            return float(v)
         return v
 
     def oid(self, col: Expr, v: Any) -> Any:
@@ -224,7 +287,14 @@ class _Translator:
             return NEVER
         if not isinstance(pattern, str):
             raise NotTranslatable("'like' pattern must be a string")
-        rx = {"$regex": like_regex(pattern), "$options": "s" + ("i" if e.case_insensitive else "")}
+        options = "s" + ("i" if e.case_insensitive else "")
+        regex = like_regex(pattern)
+        if regex is None:  # would backtrack: the connector applies it to the rows instead
+            pre = None if negated else like_prefilter(pattern)
+            raise LikeTooComplex(
+                None if pre is None else {name: {"$regex": pre, "$options": options}}
+            )
+        rx = {"$regex": regex, "$options": options}
         if negated:
             return {name: {"$not": rx, "$type": "string"}}
         return {name: rx}
@@ -291,6 +361,10 @@ class MongoSource(Source):
         for f in request.filters:
             try:
                 parts.append(tr.go(f))
+            except LikeTooComplex as exc:  # applied below; a bounded regex narrows the read
+                local.append(f)
+                if exc.prefilter is not None and isinstance(f, Like):
+                    parts.append(exc.prefilter)
             except NotTranslatable:  # a filter not offered first (dynamic): applied below
                 local.append(f)
         query = merge_and(parts)
