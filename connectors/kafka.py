@@ -754,10 +754,65 @@ def latest(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.take(pc.take(picked.column("__row_max"), idx)).drop_columns(["__row"])
 
 
+#: every option a kafka connection understands (top level or under ``options:``)
+OPTION_KEYS = (
+    "kind",
+    "description",
+    "schemas",
+    "options",
+    "bootstrap",
+    "group_prefix",
+    "format",
+    "security",
+    "timeout",
+    "connect_timeout",
+    "query_timeout",
+    "timestamp_field",
+    "sample",
+    "end",
+    "cache",
+    "cache_max_messages",
+    "cache_max_bytes",
+    "config",
+)
+
+
+def client_config_problem(settings: Mapping[str, Any]) -> str | None:
+    """What librdkafka says of ``settings`` (``security:`` / ``config:`` of a connection),
+    or None when it accepts them: a client is built (it connects to nothing) and dropped."""
+    from confluent_kafka import KafkaException, Producer
+
+    try:
+        Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, **settings})
+    except (KafkaException, TypeError, ValueError) as exc:
+        err = exc.args[0] if exc.args else exc
+        return err.str() if hasattr(err, "str") else str(err)
+    return None
+
+
 class KafkaConnection(Connection):
+    """One Kafka cluster: scans of its topics, and the one factory of every librdkafka
+    client the fabric makes for it (scan and tail consumers, ingestion consumers, the
+    dead-letter producer, admin clients), so ``security:`` (SASL/TLS) and ``config:``
+    reach all of them the same way (``client_config``)."""
+
     kind = "kafka"
 
     def __init__(self, name: str, options: Mapping[str, Any]):
+        nested = options.get("options")
+        if isinstance(nested, Mapping):
+            unknown = [str(k) for k in nested if k not in OPTION_KEYS or k == "options"]
+            if unknown:
+                from dsl.errors import did_you_mean
+
+                raise ValueError(
+                    f"connection {name!r}: unknown kafka option(s) {', '.join(unknown)} under "
+                    f"'options:'; "
+                    + did_you_mean(
+                        unknown[0], [k for k in OPTION_KEYS if k != "options"], "options"
+                    )
+                    + " (librdkafka settings go under 'config:', SASL/TLS under 'security:')"
+                )
         options = flat_options(options, {"connect_timeout": "timeout", "query_timeout": "timeout"})
         super().__init__(name, options)
         if str(options.get("format", "json")).lower() != "json":
@@ -768,8 +823,15 @@ class KafkaConnection(Connection):
             raise ValueError(
                 f"connection {name!r}: a kafka connection needs 'bootstrap' (e.g. 127.0.0.1:9092)"
             )
+        for key in ("security", "config"):
+            if options.get(key) is not None and not isinstance(options.get(key), Mapping):
+                raise ValueError(
+                    f"connection {name!r}: {key!r} must be a mapping of librdkafka settings"
+                )
         self.bootstrap = str(options["bootstrap"])
         self.timeout = float(options.get("timeout", 10))
+        if self.timeout <= 0:
+            raise ValueError(f"connection {name!r}: 'timeout' must be > 0 s, got {self.timeout}")
         self.sample = int(options.get("sample", 200))
         self.schemas: Mapping[str, Any] = options.get("schemas") or {}
         end = options.get("end", "high_watermark")
@@ -804,7 +866,11 @@ class KafkaConnection(Connection):
             retriable=True,
         )
 
-    def _config(self) -> dict[str, Any]:
+    def client_config(self, role: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """librdkafka settings of every client of this connection: the connection's
+        defaults (bootstrap, socket timeouts from ``timeout``), then ``security:`` and
+        ``config:``, then what the client's role needs (``role``: group id, commit
+        mode...), which the user's settings cannot break."""
         ms = int(self.timeout * 1000)
         cfg = {
             "bootstrap.servers": self.bootstrap,
@@ -815,38 +881,53 @@ class KafkaConnection(Connection):
         }
         cfg.update(self.options.get("security") or {})  # e.g. security.protocol, sasl.*
         cfg.update(self.options.get("config") or {})
+        cfg.update(role or {})
         return cfg
+
+    def new_consumer(self, role: Mapping[str, Any]) -> Any:
+        """A bare ``confluent_kafka.Consumer`` (``role`` holds at least ``group.id``)."""
+        from confluent_kafka import Consumer
+
+        return Consumer(self.client_config(role))
+
+    def new_producer(self, role: Mapping[str, Any] | None = None) -> Any:
+        """A ``confluent_kafka.Producer`` (the dead-letter producer of ingestion)."""
+        from confluent_kafka import Producer
+
+        return Producer(self.client_config(role))
+
+    def new_admin(self) -> Any:
+        """An ``AdminClient`` of its own (``admin()`` is the shared one)."""
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self.client_config())
 
     def consumer(self, tail: bool = False) -> Any:
         """A consumer that never joins its (unique) group: callers ``assign()``.
 
         ``tail=True``: the bare long-lived consumer of a tail cache; otherwise one wrapped
         to be closed by a ``with`` block."""
-        from confluent_kafka import Consumer
-
-        cfg = self._config()
-        cfg.update(
-            {
-                "group.id": f"fabric-{'tail' if tail else 'scan'}-{uuid.uuid4().hex[:12]}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-                # end: eof asks the broker for its end at every scan, which a broker
-                # answers after at most this long when it has nothing new
-                "fetch.wait.max.ms": 20 if tail and self.read_to_eof else 100,
-            }
-        )
+        role: dict[str, Any] = {
+            "group.id": f"fabric-{'tail' if tail else 'scan'}-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            # end: eof asks the broker for its end at every scan, which a broker
+            # answers after at most this long when it has nothing new
+            "fetch.wait.max.ms": 20 if tail and self.read_to_eof else 100,
+        }
         if tail:  # an idle tail prefetches at most this much (outside cache_max_bytes)
-            cfg.setdefault("queued.max.messages.kbytes", 16_384)
-        return Consumer(cfg) if tail else _Closing(Consumer(cfg))
+            role["queued.max.messages.kbytes"] = (self.options.get("config") or {}).get(
+                "queued.max.messages.kbytes", 16_384
+            )
+        c = self.new_consumer(role)
+        return c if tail else _Closing(c)
 
     def admin(self) -> Any:
         """The connection's shared AdminClient (thread-safe; metadata and offsets)."""
         with self._lock:
             if self._admin is None:
-                from confluent_kafka.admin import AdminClient
-
-                self._admin = AdminClient(self._config())
+                self._admin = self.new_admin()
             return self._admin
 
     def list_offsets(
@@ -891,8 +972,11 @@ class KafkaConnection(Connection):
         _close_tails(self._tails)
 
     def _metadata(self, topic: str | None = None) -> Any:
+        """Cluster metadata. Always of every topic: a metadata request naming a topic
+        creates it on brokers with auto-creation on (noida-db), so asking whether a
+        mistyped topic exists would create it."""
         try:
-            return self.admin().list_topics(topic=topic, timeout=self.timeout)
+            return self.admin().list_topics(timeout=self.timeout)
         except Exception as exc:
             raise self.error(exc, topic or "") from exc
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors.base import Connection, Source
-from dsl.errors import Diagnostic
+from dsl.errors import Diagnostic, DslError
 from fabric.catalog import Catalog
 from fabric.compiler import BindingFiles, CompiledBinding, Compiler
 from fabric.config import FabricConfig, load_config
@@ -65,7 +65,9 @@ class Fabric:
         from connectors.dataset import DatasetSource
         from fabric.datasets import FabricService
 
-        self.service = FabricService.from_config(self.config)
+        self.service = FabricService.from_config(
+            self.config, connection_factory=self.catalog.connection
+        )
         try:
             self.service.start(ingest=ingest)
         except BaseException:
@@ -76,8 +78,25 @@ class Fabric:
         self.catalog.freshness = self._source_freshness  # type: ignore[attr-defined]
 
     def _source_freshness(self, uri: str) -> Mapping[str, Any] | None:
-        """The executor's freshness provider: what ingestion knows of a dataset."""
+        """The executor's freshness provider for a dataset, always against its source: a
+        Kafka-fed one ingested here reports what its ingestor measured from the broker
+        (every 0.5 s); one not ingested here (``ingest=False``), not measured yet, or whose
+        ingestor reports an error is measured against the broker now
+        (``DatasetManager.broker_lag``); a refreshed one compares its refresh watermark
+        with the source's (``DatasetManager.refresh_freshness``)."""
         name = uri[len("dataset://") :] if uri.startswith("dataset://") else uri
+        mgr = self.service.manager
+        decl = mgr.decls.get(name)
+        if decl is None:
+            return None
+        if decl.kafka_feed() is None:
+            return mgr.refresh_freshness(name)
+        ing = mgr.ingestors.get(name)
+        if ing is None or ing.lag_messages is None or ing.last_error is not None:
+            wm = mgr.broker_lag(name)
+            if ing is not None and ing.last_error is not None and not wm.get("error"):
+                wm["error"] = f"ingestion: {ing.last_error}"
+            return wm
         lag = self.service.tracker.lag(name)
         if lag is None or lag[0] != "kafka":
             return None
@@ -114,8 +133,34 @@ class Fabric:
         return self.bindings.diagnostics
 
     def validate(self) -> list[Diagnostic]:
-        """Parse and compile every binding; every problem with file, line and column."""
-        return self.bindings.validate()
+        """Parse and compile every binding, and check that every dataset's ``from:`` source
+        exists (a topic, table, collection or file); every problem with file, line and
+        column."""
+        return self._check_dataset_sources() + self.bindings.validate()
+
+    def _check_dataset_sources(self) -> list[Diagnostic]:
+        if self.catalog.offline:
+            return []
+        out = []
+        for d in self.config.datasets.values():
+            if d.from_uri is None:
+                continue
+            if d.from_uri.startswith("kafka://"):
+                why = self.service.manager.topic_problem(d.name) if self.service else None
+                if why is not None:
+                    out.append(
+                        Diagnostic(
+                            why,
+                            d.from_span,
+                            "create the topic, or fix from: in fabric.yaml",
+                        )
+                    )
+                continue
+            try:
+                self.catalog.resolve(d.from_uri, d.from_span)
+            except DslError as e:
+                out.extend(e.diagnostics)
+        return out
 
     def reload(self) -> list[str]:
         """Re-read changed binding files now (the watcher does this every ~200 ms)."""

@@ -88,6 +88,8 @@ CONNECTION_KEYS: dict[str, tuple[str, ...]] = {
     "file": ("root", "format", "formats", "delimiter", "options"),
     "kafka": (
         "bootstrap",
+        "connect_timeout",
+        "query_timeout",
         "group_prefix",
         "format",
         "security",
@@ -112,7 +114,10 @@ DATASET_KEYS = (
     "retention",
     "time_column",
     "where",
+    "refresh",
 )
+REFRESH_KEYS = ("mode", "every", "cursor")
+REFRESH_MODES = ("full", "append", "changes")
 INDEX_KINDS = ("hnsw", "btree", "inverted")
 INDEX_KEYS = {
     "hnsw": ("kind", "metric", "M", "ef_construction", "ef", "max_elements"),
@@ -168,6 +173,20 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
+class RefreshConfig:
+    """How a dataset fed from a non-Kafka source is kept current (``refresh:``).
+
+    ``mode``: ``full`` (read the whole source; rows gone from it are deleted), ``append``
+    (read rows whose ``cursor`` column is above the largest value held), ``changes``
+    (MongoDB change stream, applied as they come). ``every``: seconds between refreshes
+    (None: once when the fabric opens, and on ``refresh()``)."""
+
+    mode: str = "full"
+    every_seconds: float | None = None
+    cursor: str | None = None
+
+
+@dataclass(frozen=True)
 class DatasetConfig:
     """A materialized, indexed dataset. ``from_uri`` None: filled only through upsert."""
 
@@ -180,6 +199,8 @@ class DatasetConfig:
     retention_seconds: float | None = None
     time_column: str | None = None
     span: Span | None = field(default=None, compare=False)
+    refresh: RefreshConfig | None = None  # set for every non-Kafka ``from:``
+    from_span: Span | None = field(default=None, compare=False)
 
     def index(self, column: str) -> IndexConfig | None:
         return next((i for i in self.indexes if i.column == column), None)
@@ -419,6 +440,8 @@ def _connections(L: _Loader, doc: YamlMap) -> dict[str, ConnectionConfig]:
             allowed = ("kind", "schemas", "description", *CONNECTION_KEYS[kind])
             y.check_keys(cm, allowed, f"connection '{name}' ({kind})")
             options = {str(k): L.subst(cm, k) for k in cm if k not in ("schemas", "description")}
+            if kind == "kafka":
+                _kafka_options(L, cm, name, options)
             schemas = {}
             if "schemas" in cm:
                 sm = y.mapping(cm, "schemas", "schemas")
@@ -428,6 +451,46 @@ def _connections(L: _Loader, doc: YamlMap) -> dict[str, ConnectionConfig]:
 
         L.collect(one)
     return out
+
+
+def _kafka_options(L: _Loader, cm: YamlMap, name: str, options: Mapping[str, Any]) -> None:
+    """A kafka connection's nested ``options:`` hold connection options (the same keys as
+    the top level), never librdkafka settings; ``security:`` and ``config:`` are librdkafka
+    settings, checked by librdkafka itself (a client is built, nothing is contacted)."""
+    y = L.y
+    if "options" in cm:
+        om = y.mapping(cm, "options", f"options of connection '{name}'")
+        allowed = [k for k in CONNECTION_KEYS["kafka"] if k != "options"]
+        problems = [
+            y.diagnostic(
+                f"unknown kafka option '{k}' in connection '{name}'",
+                y.key_span(om, k),
+                did_you_mean(str(k), allowed, "options")
+                + "; librdkafka settings go under 'config:', SASL/TLS under 'security:'",
+            )
+            for k in om
+            if k not in allowed
+        ]
+        if problems:
+            raise DslError(problems)
+    for key in ("security", "config"):
+        if key not in cm:
+            continue
+        settings = options.get(key)
+        if not isinstance(settings, Mapping):
+            raise y.error(
+                f"'{key}' of connection '{name}' must be a mapping of librdkafka settings",
+                y.value_span(cm, key),
+            )
+        from connectors.kafka import client_config_problem
+
+        why = client_config_problem(settings)
+        if why is not None:
+            raise y.error(
+                f"librdkafka rejects '{key}' of connection '{name}': {why}",
+                y.value_span(cm, key),
+                "see https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md",
+            )
 
 
 def _schema(L: _Loader, parent: Any, key: Any, what: str) -> pa.Schema:
@@ -510,6 +573,7 @@ def _datasets(
                         did_you_mean(time_col, schema.names, "columns"),
                     )
             desc = y.string(dm, "description", "description") if "description" in dm else None
+            refresh = _refresh(L, dm, schema, from_uri, conns)
             out[name] = DatasetConfig(
                 name,
                 schema,
@@ -520,10 +584,75 @@ def _datasets(
                 retention,
                 time_col,
                 span=y.key_span(m, key),
+                refresh=refresh,
+                from_span=y.value_span(dm, "from") if from_uri else None,
             )
 
         L.collect(one)
     return out
+
+
+def _refresh(
+    L: _Loader,
+    dm: YamlMap,
+    schema: pa.Schema,
+    from_uri: str | None,
+    conns: Mapping[str, ConnectionConfig],
+) -> RefreshConfig | None:
+    """``refresh: {mode: full|append|changes, every: 10m, cursor: col}`` of a dataset fed
+    from a non-Kafka source (default: full, once at open)."""
+    y = L.y
+    kind = from_uri.split("://", 1)[0] if from_uri else None
+    if "refresh" in dm and (from_uri is None or kind == "kafka"):
+        raise y.error(
+            "refresh applies to datasets fed from a table, collection or file "
+            + (
+                "(a kafka-fed dataset is ingested continuously)"
+                if kind
+                else "(this one has no from:)"
+            ),
+            y.key_span(dm, "refresh"),
+            "remove refresh:, or give from: mysql://..., mongo://..., s3://... or file://...",
+        )
+    if from_uri is None or kind == "kafka":
+        return None
+    if "refresh" not in dm:
+        return RefreshConfig()
+    rm = y.mapping(dm, "refresh", "refresh")
+    y.check_keys(rm, REFRESH_KEYS, "refresh")
+    mode = y.string(rm, "mode", "mode") if "mode" in rm else "full"
+    if mode not in REFRESH_MODES:
+        raise y.error(
+            f"unknown refresh mode '{mode}'",
+            y.value_span(rm, "mode"),
+            did_you_mean(mode, REFRESH_MODES, "modes"),
+        )
+    every = (
+        duration_seconds(rm["every"], y.value_span(rm, "every"), "every") if "every" in rm else None
+    )
+    cursor = None
+    if "cursor" in rm:
+        cursor = y.string(rm, "cursor", "cursor")
+        if cursor not in schema.names:
+            raise y.error(
+                f"cursor column '{cursor}' is not in the schema",
+                y.value_span(rm, "cursor"),
+                did_you_mean(cursor, schema.names, "columns"),
+            )
+    if mode == "append" and cursor is None:
+        raise y.error(
+            "refresh mode append needs 'cursor:' (a column that grows: an id or updated_at)",
+            y.key_span(dm, "refresh"),
+            "add cursor: <column>, or use mode: full",
+        )
+    conn = conns.get(from_uri.split("://", 1)[1].split("/", 1)[0])
+    if mode == "changes" and (conn is None or conn.kind != "mongo"):
+        raise y.error(
+            "refresh mode changes reads a MongoDB change stream: it needs a mongo:// source",
+            y.value_span(rm, "mode"),
+            "use mode: full or append for this source",
+        )
+    return RefreshConfig(mode, every, cursor)
 
 
 def _indexes(L: _Loader, dm: YamlMap, schema: pa.Schema, ds: str) -> tuple[IndexConfig, ...]:

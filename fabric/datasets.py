@@ -20,7 +20,7 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,9 +90,14 @@ class DatasetManager:
         batch_size: int = 5000,
         checkpoint_interval: float = 10.0,
         thresholds: Mapping[str, Thresholds] | None = None,
+        connection_factory: Callable[[str], Any] | None = None,
     ):
         self.decls = {d.name: d for d in decls}
         self.connections = {k: dict(v) for k, v in (connections or {}).items()}
+        #: name -> the open ``connectors`` connection (``Catalog.connection`` in a Fabric,
+        #: so scans, ingestion and validation share one Kafka client factory)
+        self.connection_factory = connection_factory or self._open_connection
+        self._opened: dict[str, Any] = {}
         self.state_dir = Path(state_dir)
         self.tracker = tracker
         self.config_name = _safe(config_name)
@@ -103,6 +108,7 @@ class DatasetManager:
         self.datasets: dict[str, Any] = {}
         self.ingestors: dict[str, KafkaIngestor] = {}
         self._offsets: dict[str, dict[int, int]] = {}
+        self._saved_at: dict[str, float | None] = {}  # when the loaded checkpoint was written
         self._locks: dict[str, Any] = {}
         for d in self.decls.values():  # fail early, before anything starts
             feed = d.kafka_feed()
@@ -130,6 +136,7 @@ class DatasetManager:
             ds = Dataset.load(str(ck.dataset_dir))
             if ds.schema.remove_metadata() == d.schema.remove_metadata() and ds.key == d.key:
                 self._offsets[d.name] = dict(ck.offsets)
+                self._saved_at[d.name] = float(ck.meta.get("saved_at") or 0.0) or None
                 log.info("dataset %s: loaded checkpoint %s (%d rows)", d.name, ck.path, ds.count())
                 return ds
             if d.kafka_feed() is None:
@@ -149,6 +156,14 @@ class DatasetManager:
             shutil.move(str(sdir), str(aside))
         return Dataset.create(d.name, d.schema, d.key, dict(d.indexes))
 
+    def _open_connection(self, name: str) -> Any:
+        """The connection ``name`` of ``connections`` (opened once; closed by ``stop``)."""
+        from connectors.base import open_connection
+
+        if name not in self._opened:
+            self._opened[name] = open_connection(name, {"kind": "kafka", **self.connections[name]})
+        return self._opened[name]
+
     def dataset(self, name: str) -> Any:
         try:
             return self.datasets[name]
@@ -156,6 +171,64 @@ class DatasetManager:
             raise KeyError(
                 f"unknown dataset {name!r}; " + did_you_mean(name, self.decls, "datasets")
             ) from None
+
+    # ------------------------------------------------------------------ broker checks
+
+    def topic_problem(self, name: str) -> str | None:
+        """Why the topic feeding dataset ``name`` cannot be read (it does not exist, the
+        broker does not answer), with the nearest existing topic names; None if it can."""
+        feed = self.decls[name].kafka_feed()
+        if feed is None:
+            return None
+        conn_name, topic = feed
+        try:
+            conn = self.connection_factory(conn_name)
+            topics = conn.list_objects()
+        except Exception as exc:
+            return f"{exc}"
+        if topic in topics:
+            return None
+        return f"{self.decls[name].from_uri} does not exist; {nearest(topic, topics, 'topics')}"
+
+    def broker_lag(self, name: str) -> dict[str, Any]:
+        """The lag of dataset ``name`` measured against the broker now: its next offsets
+        (the ingestor's, or the loaded checkpoint's when nothing ingests it here) against
+        every partition's watermarks, bounded by the connection's timeout. ``error`` is set
+        when the topic cannot be read or when messages are pending but their age is not
+        known (nothing ingests here and no checkpoint says when the data was saved)."""
+        d = self.decls[name]
+        feed = d.kafka_feed()
+        assert feed is not None
+        conn_name, topic = feed
+        ing = self.ingestors.get(name)
+        nxt = dict(ing.next_offsets) if ing is not None else dict(self._offsets.get(name, {}))
+        try:
+            conn = self.connection_factory(conn_name)
+            md = conn._metadata(topic).topics.get(topic)
+            if md is None or md.error is not None or not md.partitions:
+                return {
+                    "lag_messages": None,
+                    "lag_seconds": None,
+                    "error": self.topic_problem(name),
+                }
+            marks = conn.list_offsets(topic, sorted(md.partitions), conn.timeout)
+        except Exception as exc:
+            return {"lag_messages": None, "lag_seconds": None, "error": str(exc)}
+        lag = sum(max(0, hi - max(nxt.get(p, lo), lo)) for p, (lo, hi) in marks.items())
+        out: dict[str, Any] = {"lag_messages": lag, "lag_seconds": 0.0 if lag == 0 else None}
+        if lag and ing is None:
+            saved = self._saved_at.get(name)
+            if saved:
+                out["lag_seconds"] = max(0.0, time.time() - saved)
+            else:
+                out["error"] = (
+                    f"{lag} messages of {d.from_uri} are not applied: nothing ingests dataset "
+                    f"{name} in this process and no checkpoint holds them"
+                )
+        return out
+
+    def refresh_freshness(self, name: str) -> dict[str, Any] | None:
+        return None
 
     def group_id(self, name: str) -> str:
         return f"{self.group_prefix}.{self.config_name}.{name}"
@@ -171,19 +244,14 @@ class DatasetManager:
                 continue
             conn, topic = feed
             copts = self.connections[conn]
-            bootstrap = copts.get("bootstrap") or copts.get("bootstrap.servers")
-            if not bootstrap:
-                raise ValueError(
-                    f"connection {conn}: kafka connections need 'bootstrap: host:port' (used by dataset {d.name})"
-                )
-            extra = copts.get("options") or {}
+            kconn = self.connection_factory(conn)  # security:/config: reach every client
             opts = IngestOptions(
-                bootstrap=bootstrap,
+                bootstrap=kconn.bootstrap,
                 topic=topic,
                 group_id=f"{copts.get('group_prefix') or self.group_prefix}.{self.config_name}.{d.name}",
                 batch_size=self.batch_size,
                 checkpoint_interval=self.checkpoint_interval,
-                consumer_config=dict(extra),
+                connection=kconn,
             )
             if self.tracker is not None:
                 self.tracker.register_source(d.name, self.thresholds.get(d.name), uri=d.from_uri)
@@ -230,6 +298,9 @@ class DatasetManager:
         for f in self._locks.values():
             f.close()  # releases the flock
         self._locks.clear()
+        for c in self._opened.values():
+            c.close()
+        self._opened.clear()
 
     def _lock(self, name: str) -> bool:
         """One checkpoint writer per state directory (an advisory ``flock`` on ``.lock``)."""
@@ -245,6 +316,19 @@ class DatasetManager:
             return False
         self._locks[name] = f
         return True
+
+
+def nearest(word: str, choices: Iterable[str], what: str) -> str:
+    """'nearest existing <what>: a, b, c (N in all)': the closest few names, not all."""
+    import difflib
+
+    names = sorted(set(choices))
+    close = difflib.get_close_matches(word, names, n=3, cutoff=0.5)
+    if not names:
+        return f"there are no {what}"
+    if not close:
+        close = names[:3]
+    return f"nearest existing {what}: {', '.join(close)} ({len(names)} in all)"
 
 
 def bindings_from_specs(
@@ -291,6 +375,7 @@ class FabricService:
         self.emitter = emitter
         self.heartbeat = heartbeat
         self.started_at: float | None = None
+        self._ready_once: set[str] = set()
         self.server_config: Any = (
             None  # fabric.config.ServerConfig (host, port) when built from config
         )
@@ -299,9 +384,15 @@ class FabricService:
 
     @classmethod
     def from_config(
-        cls, cfg: Any, *, state_dir: str | Path | None = None, with_bindings: bool = True
+        cls,
+        cfg: Any,
+        *,
+        state_dir: str | Path | None = None,
+        with_bindings: bool = True,
+        connection_factory: Callable[[str], Any] | None = None,
     ) -> FabricService:
-        """From a ``fabric.config.FabricConfig``."""
+        """From a ``fabric.config.FabricConfig``; ``connection_factory(name)`` gives the
+        open connection of that name (default: the manager opens its own)."""
         sig = cfg.signals
         ratio = getattr(sig, "hysteresis", 0.5)
         recover = getattr(sig, "recover_after_seconds", 0.0)
@@ -339,6 +430,7 @@ class FabricService:
             group_prefix=cfg.ingest.group_prefix,
             batch_size=cfg.ingest.batch_size,
             thresholds=per_source,
+            connection_factory=connection_factory,
         )
         for d in decls:
             if d.kafka_feed():
@@ -389,6 +481,30 @@ class FabricService:
         if self.emitter is not None:
             self.emitter.close()
 
+    def readiness(self, wait: float = 0.0) -> dict[str, Any]:
+        """What a readiness probe needs: every Kafka-fed dataset's ingestor reads an
+        existing topic, has measured its lag against the broker without error, and has
+        caught up at least once since it started (a replica still loading its topic is
+        not ready). ``wait``: poll up to this many seconds for ready."""
+        deadline = time.monotonic() + wait
+        while True:
+            out: dict[str, Any] = {}
+            for name, ing in self.manager.ingestors.items():
+                if ing.caught_up():
+                    self._ready_once.add(name)
+                reason = None
+                if ing.last_error is not None:
+                    reason = self.manager.topic_problem(name) or ing.last_error
+                elif ing.lag_messages is None:
+                    reason = "lag not measured yet"
+                elif name not in self._ready_once:
+                    reason = f"catching up: {ing.lag_messages} messages behind"
+                out[name] = {"ready": reason is None, "reason": reason}
+            ready = all(v["ready"] for v in out.values())
+            if ready or time.monotonic() >= deadline:
+                return {"ready": ready, "datasets": out}
+            time.sleep(0.1)
+
     def health(self) -> dict[str, Any]:
         return {
             "datasets": {n: ds.count() for n, ds in self.manager.datasets.items()},
@@ -401,6 +517,7 @@ class FabricService:
                 }
                 for n, i in self.manager.ingestors.items()
             },
+            "ingestion": self.readiness(),
             "signals": self.emitter.stats() if self.emitter is not None else {},
             "started_at": self.started_at,
         }

@@ -8,7 +8,7 @@ Endpoints (docs/freshness.md has the JSON shapes and the KEDA paths):
   counters, dropped signals).
 - ``GET /v1/events``: server-sent events, one per transition (``?heartbeats=1`` adds the
   heartbeats); the stream starts with one ``state`` event per source.
-- ``GET /healthz``.
+- ``GET /healthz``; ``GET /readyz`` (503 until every Kafka-fed dataset is ingesting).
 
 The HTTP layer needs only a ``FreshnessTracker`` (``create_app``), so it runs without Kafka.
 """
@@ -107,6 +107,7 @@ def create_app(
     *,
     emitter: SignalEmitter | None = None,
     health: Callable[[], dict[str, Any]] | None = None,
+    ready: Callable[[], dict[str, Any]] | None = None,
 ) -> Starlette:
     registry = CollectorRegistry()
     registry.register(FreshnessCollector(tracker, emitter))
@@ -131,6 +132,12 @@ def create_app(
         if health is not None:
             body.update(health())
         return JSONResponse(body)
+
+    async def readyz(request: Request) -> Response:
+        """Readiness (a Kubernetes readinessProbe): 503 until every Kafka-fed dataset reads
+        an existing topic, measures its lag without error and has caught up once."""
+        body = {"ready": True} if ready is None else await asyncio.to_thread(ready)
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     async def events(request: Request) -> Response:
         heartbeats = request.query_params.get("heartbeats") in ("1", "true", "yes")
@@ -184,6 +191,7 @@ def create_app(
             Route("/metrics", metrics),
             Route("/v1/events", events),
             Route("/healthz", healthz),
+            Route("/readyz", readyz),
         ]
     )
 
@@ -274,7 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fabric serve: {mask(exc)}", file=sys.stderr)
         return 2
     service.start()
-    app = create_app(service.tracker, emitter=service.emitter, health=service.health)
+    app = create_app(
+        service.tracker, emitter=service.emitter, health=service.health, ready=service.readiness
+    )
     try:
         host = args.host or getattr(service.server_config, "host", None) or "127.0.0.1"
         port = args.port if args.port is not None else getattr(service.server_config, "port", 8765)

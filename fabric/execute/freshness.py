@@ -73,6 +73,11 @@ def describe(uri: str, wm: Any, bound: Freshness | None, now: float) -> dict[str
         if not known
         else ("stale" if is_stale(lag_messages, lag_seconds, bound) else "fresh")
     )
+    # the provider could not measure (topic missing, broker down, pending messages of
+    # unknown age): never fresh
+    error = wm.get("error") if isinstance(wm, Mapping) else None
+    if error:
+        status = "stale"
     watermark = (
         dt.datetime.fromtimestamp(event_time, dt.UTC).isoformat()
         if isinstance(event_time, int | float)
@@ -84,6 +89,7 @@ def describe(uri: str, wm: Any, bound: Freshness | None, now: float) -> dict[str
         "lag_messages": lag_messages,
         "lag_seconds": None if lag_seconds is None else round(float(lag_seconds), 3),
         "watermark": watermark,
+        **({"error": str(error)} if error else {}),
     }
 
 
@@ -155,4 +161,6 @@ def _lag_text(info: Mapping[str, Any]) -> str:
         parts.append(f"{info['lag_messages']} messages behind")
     if info.get("lag_seconds") is not None:
         parts.append(f"{info['lag_seconds']:g} s behind")
+    if info.get("error"):
+        parts.append(str(info["error"]))
     return ", ".join(parts) or "lag unknown"

@@ -51,7 +51,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from fabric.freshness import FreshnessTracker
 from fabric.ingest import checkpoint
@@ -83,6 +83,18 @@ class IngestOptions:
     lag_interval: float = 0.5  # seconds between watermark queries
     dead_letter: str = "topic"  # "topic" (<topic>.dlq), "log:<path>" (JSON lines) or "none"
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
+    #: the ``connectors.kafka.KafkaConnection`` that makes every client (consumer, lag
+    #: consumer, dead-letter producer, admin) with the connection's security/config;
+    #: None: a plain one for ``bootstrap``
+    connection: Any = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.connection is None:
+            from connectors.kafka import KafkaConnection
+
+            object.__setattr__(
+                self, "connection", KafkaConnection("ingest", {"bootstrap": self.bootstrap})
+            )
 
     @property
     def dlq_topic(self) -> str:
@@ -120,7 +132,7 @@ class DeadLetterSink:
             )
 
     def _ensure_topic(self) -> None:
-        admin = AdminClient({"bootstrap.servers": self.options.bootstrap})
+        admin = self.options.connection.new_admin()
         fut = admin.create_topics(
             [NewTopic(self.options.dlq_topic, num_partitions=1, replication_factor=1)]
         )
@@ -151,7 +163,7 @@ class DeadLetterSink:
                 self._ensure_topic()
             except Exception as exc:  # fall back to the log below; never stop ingestion
                 log.warning("dead-letter topic %s: %s", self.options.dlq_topic, exc)
-            self._producer = Producer({"bootstrap.servers": self.options.bootstrap, "linger.ms": 5})
+            self._producer = self.options.connection.new_producer({"linger.ms": 5})
         headers: list[tuple[str, str | bytes | None]] = [
             (f"fabric.{k}", str(v).encode()) for k, v in record.items() if k != "at"
         ]
@@ -328,7 +340,6 @@ class KafkaIngestor:
 
     def _consumer_config(self) -> dict[str, Any]:
         return {
-            "bootstrap.servers": self.options.bootstrap,
             "group.id": self.options.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -344,7 +355,7 @@ class KafkaIngestor:
     def _open(self) -> None:
         if self._consumer is not None:
             return
-        self._consumer = Consumer(self._consumer_config())
+        self._consumer = self.options.connection.new_consumer(self._consumer_config())
         self._assigned = set()
         self.partitions = []
         self._measure_lag()  # reads the topic's partitions and assigns them
@@ -590,7 +601,7 @@ class KafkaIngestor:
         while not self._stop.wait(self._lag_backoff):
             try:
                 if c is None:
-                    c = Consumer({"bootstrap.servers": self.options.bootstrap, "group.id": f"{self.options.group_id}.lag",
+                    c = self.options.connection.new_consumer({"group.id": f"{self.options.group_id}.lag",
                                   "logger": logging.getLogger("fabric.ingest.librdkafka")})  # fmt: skip
                 self._measure_lag(c)
             except Exception as exc:  # keep measuring; report
