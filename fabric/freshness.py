@@ -6,7 +6,10 @@ Who feeds it:
 
 - the Kafka ingestor calls ``record_applied`` after every batch the dataset holds,
   ``update_lag`` with the lag it measured from the broker's watermarks, and
-  ``record_error`` / ``clear_error`` when the broker goes away and comes back;
+  ``record_error(kind=...)`` / ``clear_error(kind=...)``: one error per kind of thing that
+  failed (``broker``, ``apply``, ``checkpoint``, ``dead_letter`` ...), each cleared only
+  when that thing succeeds again; ``begin_recovery`` / ``end_recovery`` around a rebuild
+  (topic recreated, checkpoint unusable) and ``note`` for what it decided;
 - live sources (SQL, Mongo, S3) are measured on demand with ``observe_watermark`` from a
   ``connectors.base.Watermark`` (see ``live_freshness``).
 
@@ -68,6 +71,11 @@ class SourceFreshness:
     uri: str | None = None
     bindings: tuple[str, ...] = ()
     detail: Mapping[str, Any] = field(default_factory=dict)
+    status: str = FRESH
+    reason: str | None = None
+    errors: Mapping[str, str] = field(default_factory=dict)
+    notices: tuple[Mapping[str, Any], ...] = ()
+    last_dead_letter: Mapping[str, Any] | None = None
 
     @property
     def stale(self) -> bool:
@@ -90,6 +98,13 @@ class SourceFreshness:
             if self.newest_event_time is None
             else iso(self.newest_event_time),
             "bindings": list(self.bindings),
+            "status": self.status,
+            "reason": self.reason,
+            "errors": dict(self.errors),
+            "notices": [dict(n) for n in self.notices],
+            "last_dead_letter": None
+            if self.last_dead_letter is None
+            else dict(self.last_dead_letter),
             **({"detail": dict(self.detail)} if self.detail else {}),
         }
 
@@ -117,12 +132,37 @@ class _Src:
         self.lag_seconds: float | None = 0.0 if kind == "kafka" else None
         self.newest_event_time: float | None = None
         self.behind_since: float | None = None
-        self.last_error: str | None = None
+        self.errors: dict[str, tuple[str, float]] = {}  # kind -> (message, since)
+        self.recovering: str | None = None  # why the data is being rebuilt, until caught up
+        self.notices: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
+        self.last_dead_letter: dict[str, Any] | None = None
         self.ingested_total = 0
         self.dead_letter_total = 0
         self.window: collections.deque[tuple[float, int]] = collections.deque()
         self.detail: dict[str, Any] = {}
         self.observed_at = now
+
+    @property
+    def last_error(self) -> str | None:
+        """The most recent of the errors still standing."""
+        if not self.errors:
+            return None
+        return max(self.errors.values(), key=lambda e: e[1])[0]
+
+    def status(self) -> tuple[str, str | None]:
+        """``error`` (something failed and has not succeeded since), ``rebuilding``,
+        ``stale`` (past a threshold), ``behind`` (messages not yet applied) or ``fresh``,
+        with the reason."""
+        if self.errors:
+            kind, (msg, _) = max(self.errors.items(), key=lambda e: e[1][1])
+            return "error", f"{kind}: {msg}"
+        if self.recovering is not None:
+            return "rebuilding", self.recovering
+        if self.machine.state == STALE:
+            return STALE, self.machine.reason
+        if self.lag_messages:
+            return "behind", f"{self.lag_messages} messages not applied yet"
+        return FRESH, None
 
 
 class FreshnessTracker:
@@ -209,9 +249,16 @@ class FreshnessTracker:
                 s.newest_event_time = newest_event_time
             self._evaluate(s, now)
 
-    def record_dead_letters(self, source: str, n: int) -> None:
+    def record_dead_letters(
+        self, source: str, n: int, last: Mapping[str, Any] | None = None
+    ) -> None:
+        """``n`` more messages went to the dead letters; ``last``: the newest one (topic,
+        partition, offset, error, where it went)."""
         with self._lock:
-            self._get(source).dead_letter_total += n
+            s = self._get(source)
+            s.dead_letter_total += n
+            if last is not None:
+                s.last_dead_letter = dict(last)
 
     def update_lag(
         self, source: str, lag_messages: int, detail: Mapping[str, Any] | None = None
@@ -228,23 +275,50 @@ class FreshnessTracker:
             s.observed_at = now
             self._evaluate(s, now)
 
-    def record_error(self, source: str, error: str) -> None:
-        """The source is unreachable or failing: stale until ``clear_error``. The error is
-        served (``/v1/freshness``, signals): its credentials are masked."""
+    def record_error(self, source: str, error: str, kind: str = "source") -> None:
+        """Something of the source failed (``kind``: what, e.g. ``broker``, ``apply``,
+        ``checkpoint``): stale, status ``error``, until ``clear_error`` of that kind. The
+        error is served (``/v1/freshness``, signals): its credentials are masked."""
         from connectors.credentials import mask
 
         with self._lock:
             s = self._get(source)
-            s.last_error = mask(error)
+            old = s.errors.get(kind)
+            s.errors[kind] = (mask(error), old[1] if old else self.clock())
             self._evaluate(s, self.clock())
 
-    def clear_error(self, source: str) -> None:
+    def clear_error(self, source: str, kind: str = "source") -> None:
+        """What failed (``kind``) has succeeded: its error goes, the others stay."""
         with self._lock:
             s = self._get(source)
-            if s.last_error is not None:
-                s.detail["previous_error"] = s.last_error
-                s.last_error = None
+            old = s.errors.pop(kind, None)
+            if old is not None:
+                s.detail["previous_error"] = old[0]
                 self._evaluate(s, self.clock())
+
+    def begin_recovery(self, source: str, reason: str) -> None:
+        """The data is being rebuilt or re-read (``reason``): stale, status ``rebuilding``,
+        until ``end_recovery``."""
+        with self._lock:
+            s = self._get(source)
+            s.recovering = reason
+            s.notices.append({"at": iso(self.clock()), "message": reason})
+            self._evaluate(s, self.clock())
+
+    def end_recovery(self, source: str, message: str | None = None) -> None:
+        with self._lock:
+            s = self._get(source)
+            if s.recovering is None:
+                return
+            s.recovering = None
+            if message:
+                s.notices.append({"at": iso(self.clock()), "message": message})
+            self._evaluate(s, self.clock())
+
+    def note(self, source: str, message: str) -> None:
+        """Something the operator should know about the source (kept, the last 20)."""
+        with self._lock:
+            self._get(source).notices.append({"at": iso(self.clock()), "message": message})
 
     def observe_watermark(self, source: str, wm: Watermark) -> SourceFreshness:
         """A live source's freshness: lag_seconds = observed_at - event_time (0 if unknown)."""
@@ -352,7 +426,7 @@ class FreshnessTracker:
         start = time.monotonic()
 
         def ok(f: SourceFreshness) -> bool:
-            if f.last_error:
+            if f.last_error or f.status == "rebuilding":
                 return False
             if max_lag_seconds is None and max_lag_messages is None:
                 return f.state == FRESH
@@ -480,12 +554,13 @@ class FreshnessTracker:
         if not live and s.kind == "kafka":
             s.lag_seconds = self._lag_seconds(s, now)
         events: list[dict[str, Any]] = []
-        t = s.machine.update(s.lag_messages, s.lag_seconds, error=s.last_error, now=now)
+        error = s.last_error or (None if s.recovering is None else f"rebuilding: {s.recovering}")
+        t = s.machine.update(s.lag_messages, s.lag_seconds, error=error, now=now)
         if t is not None:
             events.append(self._event(s, t.state, self._readers(s.name), t.reason, now, s.machine))
         for (b, src), m in self._overrides.items():
             if src == s.name:
-                t2 = m.update(s.lag_messages, s.lag_seconds, error=s.last_error, now=now)
+                t2 = m.update(s.lag_messages, s.lag_seconds, error=error, now=now)
                 if t2 is not None:
                     events.append(self._event(s, t2.state, [b], t2.reason, now, m, scope="binding"))
         self._changed.notify_all()
@@ -535,6 +610,7 @@ class FreshnessTracker:
                 log.exception("freshness listener failed")
 
     def _snap(self, s: _Src, now: float) -> SourceFreshness:
+        status, reason = s.status()
         return SourceFreshness(
             name=s.name,
             state=s.machine.state,
@@ -551,4 +627,9 @@ class FreshnessTracker:
             uri=s.uri,
             bindings=tuple(self._readers(s.name)),
             detail=dict(s.detail),
+            status=status,
+            reason=reason,
+            errors={k: m for k, (m, _) in s.errors.items()},
+            notices=tuple(dict(n) for n in s.notices),
+            last_dead_letter=None if s.last_dead_letter is None else dict(s.last_dead_letter),
         )

@@ -352,7 +352,7 @@ def test_checkpoint_is_atomic_when_the_writer_dies(tmp_path):
     second = checkpoint.write(tmp_path, ds.save, {0: 2})
     assert checkpoint.latest(tmp_path).offsets == {0: 2} and second.seq == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["CURRENT", "ckpt-000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["CURRENT", "ckpt-000001", "ckpt-000002"]
 
 
 def test_fast_and_exact_decoders_agree():
@@ -371,6 +371,33 @@ def test_fast_and_exact_decoders_agree():
     assert errors == ref_errors and [i for i, _ in errors] == [17]
     assert batch.to_pylist() == ref.to_pylist()
     assert dec.fast_batches > 0 and dec.fallback_batches >= 2
+
+
+def topic_keys(bootstrap: str, topic: str, timeout: float = 20) -> set[str]:
+    """The keys a full replica of the topic holds (tombstones applied), read with a bare consumer."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"keys-{time.time()}",
+                  "auto.offset.reset": "earliest", "enable.partition.eof": True})  # fmt: skip
+    md = c.list_topics(topic, timeout=10).topics[topic]
+    c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+    eof: set[int] = set()
+    keys: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(eof) < len(md.partitions) and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                if m.error() is not None:
+                    eof.add(m.partition())
+                    continue
+                k = m.key().decode() if m.key() is not None else None
+                if k is None:
+                    continue
+                if m.value() is None:
+                    keys.discard(k)
+                else:
+                    keys.add(k)
+    finally:
+        c.close()
+    return keys
 
 
 # the Rust binary itself: killing the `noida-db` Python wrapper would leave it running
@@ -455,10 +482,17 @@ def test_broker_down_keeps_serving_marks_stale_and_resumes(tmp_path):
         for i in range(100, 150):
             p.produce("live", key=f"k{i}", value=json.dumps(doc(f"k{i}", i)).encode())
         assert p.flush(20) == 0
+        # noida-db 0.2.3 may lose acknowledged messages on kill -9 (docs/servers.md): the
+        # dataset must end as a replica of what the broker holds, whatever that is
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (ds.count() == 150 and ing.caught_up()):
+        while time.monotonic() < deadline and not ing.caught_up():
             time.sleep(0.1)
-        assert ds.count() == 150, (ds.count(), ing.last_error)
+        held = topic_keys(bootstrap, "live")
+        assert {f"k{i}" for i in range(100, 150)} <= held
+        assert set(dataset_rows(ds)) == held, (ds.count(), len(held), ing.last_error)
+        if len(held) < 150:  # the broker lost some: the ingestor saw it and rebuilt
+            assert ing.stats.rebuilds >= 1
+            assert any("truncated or recreated" in n["message"] for n in tr.source("docs").notices)
         f = tr.source("docs")
         assert not f.stale and f.last_error is None and f.lag_messages == 0
         assert [e["event"] for e in events if e["event"] != "heartbeat"][-1] == "data_fresh"

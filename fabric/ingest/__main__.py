@@ -58,12 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fabric.ingest: --schema/--indexes: {exc}", file=sys.stderr)
         return 2
     state_dir = Path(a.state_dir)
-    ck = checkpoint.latest(state_dir)
-    ds = (
-        Dataset.load(str(ck.dataset_dir))
-        if ck
-        else Dataset.create(a.dataset, schema, a.key, indexes)
-    )
+    loaded = checkpoint.load(state_dir, lambda c: Dataset.load(str(c.dataset_dir)))
+    ck, recovery = loaded.checkpoint, loaded.report()
+    if recovery is not None:
+        say("recovery", message=recovery)
+    ds = loaded.value if ck else Dataset.create(a.dataset, schema, a.key, indexes)
     opts = IngestOptions(
         bootstrap=a.bootstrap,
         topic=a.topic,
@@ -78,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         opts,
         state_dir=state_dir,
         start_offsets=ck.offsets if ck else None,
+        resume=ck.meta if ck else None,
+        recovery=recovery,
         on_checkpoint=lambda c: say(
             "checkpoint", seq=c.seq, offsets=c.offsets, applied=ing.stats.applied
         ),

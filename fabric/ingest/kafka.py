@@ -22,6 +22,15 @@ crash are applied again; since every operation is an upsert or delete *by key* a
 partition replays in order, the final state equals the state of one clean pass. With no
 checkpoint, ingestion starts at the beginning of each partition.
 
+A batch is never lost: if applying it fails (anything raised), the consumer is rewound to
+the next offsets to apply and the batch is read again (after a backoff), the error standing
+until a batch applies. Offsets are trusted only for the topic they came from: the topic id
+(when the broker has them), the watermarks (the next offset past the end: truncated or
+recreated) and a fingerprint of the last message applied per partition (timestamp + CRC of
+key and value, re-read from the broker) are checked on start and every
+``verify_interval``; a mismatch empties the dataset and re-reads the topic from the
+beginning, the source ``rebuilding`` until caught up.
+
 Broker down: the loop keeps running (the dataset keeps serving reads), the source is
 marked stale with the error, librdkafka reconnects with backoff, and consumption resumes
 from the in-memory positions. The ingestor assigns every partition itself (the dataset is
@@ -33,8 +42,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +80,7 @@ class DatasetLike(Protocol):
     def delete(self, keys: Any) -> int: ...
     def count(self) -> int: ...
     def save(self, directory: str) -> None: ...
+    def to_table(self, columns: Sequence[str] | None = None) -> pa.Table: ...
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,10 @@ class IngestOptions:
     checkpoint_interval: float = 10.0  # seconds; 0 = only on stop()
     lag_interval: float = 0.5  # seconds between watermark queries
     dead_letter: str = "topic"  # "topic" (<topic>.dlq), "log:<path>" (JSON lines) or "none"
+    #: dead letters larger than this go to the topic truncated (with the reason and their
+    #: size in headers); the producer's default message.max.bytes is 1,000,000
+    dead_letter_max_bytes: int = 900_000
+    verify_interval: float = 30.0  # seconds between checks that the topic is the same one
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
     #: the ``connectors.kafka.KafkaConnection`` that makes every client (consumer, lag
     #: consumer, dead-letter producer, admin) with the connection's security/config;
@@ -111,12 +127,22 @@ class IngestStats:
     checkpoints: int = 0
     last_checkpoint_at: float | None = None
     errors: int = 0
+    rebuilds: int = 0
 
 
 class DeadLetterSink:
-    """``<topic>.dlq`` on the same cluster (headers carry where and why), or a JSON-lines file."""
+    """``<topic>.dlq`` on the same cluster (headers carry where and why), or a JSON-lines file.
 
-    def __init__(self, options: IngestOptions, dataset: str):
+    Never raises for one message: a value the topic cannot take (over
+    ``dead_letter_max_bytes``) is sent truncated, with headers ``fabric.truncated`` (its
+    size) and the reason; a record the topic refuses anyway (delivery failed) is written
+    to ``<fallback_dir>/dead-letters.jsonl`` (0600; the dataset's state directory), and
+    ``problem`` says so until a later dead letter is delivered."""
+
+    #: bytes of a value kept in a truncated dead letter and in the JSON-lines file
+    KEEP = 65536
+
+    def __init__(self, options: IngestOptions, dataset: str, fallback_dir: Path | None = None):
         self.options = options
         self.dataset = dataset
         self.mode = options.dead_letter
@@ -124,6 +150,9 @@ class DeadLetterSink:
         self._producer: Producer | None = None
         self._failed: list[dict[str, Any]] = []
         self._log_path: Path | None = None
+        self.fallback_path = _fallback_dir(fallback_dir, dataset) / "dead-letters.jsonl"
+        self.problem: str | None = None  # the last delivery failure, until one succeeds
+        self.delivered = 0
         if self.mode.startswith("log:"):
             self._log_path = Path(self.mode[4:])
         elif self.mode not in ("topic", "none"):
@@ -164,47 +193,101 @@ class DeadLetterSink:
             except Exception as exc:  # fall back to the log below; never stop ingestion
                 log.warning("dead-letter topic %s: %s", self.options.dlq_topic, exc)
             self._producer = self.options.connection.new_producer({"linger.ms": 5})
+        value = msg.value()
+        if value is not None and len(value) > self.options.dead_letter_max_bytes:
+            record["truncated"] = len(value)
+            value = value[: self.KEEP]
         headers: list[tuple[str, str | bytes | None]] = [
             (f"fabric.{k}", str(v).encode()) for k, v in record.items() if k != "at"
         ]
 
         def delivered(err: Any, _m: Any, record: dict[str, Any] = record, msg: Any = msg) -> None:
             if err is not None:
-                record = {**record, "dlq_error": str(err)}
-                self._failed.append({"record": record, "msg": msg})
+                self._failed.append({"record": {**record, "dlq_error": str(err)}, "msg": msg})
+            else:
+                self.delivered += 1
 
-        self._producer.produce(
-            self.options.dlq_topic,
-            value=msg.value(),
-            key=msg.key(),
-            headers=headers,
-            on_delivery=delivered,
-        )
+        for _ in range(3):
+            try:
+                self._producer.produce(
+                    self.options.dlq_topic,
+                    value=value,
+                    key=msg.key(),
+                    headers=headers,
+                    on_delivery=delivered,
+                )
+                break
+            except BufferError:  # the local queue is full: deliver some, then again
+                self._producer.poll(1.0)
+            except KafkaException as exc:  # refused before sending (size, config ...)
+                self._failed.append({"record": {**record, "dlq_error": str(exc)}, "msg": msg})
+                break
+        else:
+            self._failed.append(
+                {"record": {**record, "dlq_error": "producer queue full"}, "msg": msg}
+            )
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Before offsets are committed: every dead letter is delivered or logged."""
+        """Before offsets are committed: every dead letter is delivered or logged (raises
+        only if it can be neither: then the batch is not committed and is read again)."""
         if self._producer is not None:
+            before = self.delivered
             left = self._producer.flush(timeout)
             if left:
-                log.warning("%d dead letters not delivered to %s", left, self.options.dlq_topic)
-        for item in self._failed:
-            path = Path(".fabric") / "dead-letters.jsonl"
-            self._write_log(item["record"], item["msg"], path)
-        self._failed.clear()
+                raise RuntimeError(
+                    f"{left} dead letters not delivered to {self.options.dlq_topic} within {timeout}s"
+                )
+            if self.delivered > before and not self._failed:
+                self.problem = None
+        if self._failed:
+            for item in self._failed:
+                self._write_log(item["record"], item["msg"], self.fallback_path)
+            first = self._failed[0]["record"]
+            self.problem = (
+                f"{len(self._failed)} dead letters refused by {self.options.dlq_topic} "
+                f"({first['dlq_error']}); written to {self.fallback_path}"
+            )
+            log.warning("dataset %s: %s", self.dataset, self.problem)
+            self._failed.clear()
 
     def _write_log(self, record: dict[str, Any], msg: Any, path: Path | None = None) -> None:
         path = path or self._log_path
         assert path is not None
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_dir(path.parent)
         value = msg.value()
         key = msg.key()
         line = {
             **record,
             "key": None if key is None else key.decode("utf-8", "replace"),
-            "value": None if value is None else value[:65536].decode("utf-8", "replace"),
+            "value": None if value is None else value[: self.KEEP].decode("utf-8", "replace"),
         }
-        with open(path, "a") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def _private_dir(path: Path) -> None:
+    """``path`` and missing parents, created 0700."""
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _fallback_dir(state_dir: Path | None, dataset: str) -> Path:
+    """Where dead letters go when the topic refuses them: the state directory; without
+    one, a per-user directory under the system's temp dir (never the working directory)."""
+    if state_dir is not None:
+        return Path(state_dir)
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"fabric-{os.getuid()}" / dataset
+
+
+def fingerprint(msg: Any) -> list[int]:
+    """[offset, timestamp, CRC-32 of key and value]: tells this message from any other
+    that later holds the same offset (a recreated topic)."""
+    key, value = msg.key(), msg.value()
+    crc = zlib.crc32(value or b"", zlib.crc32(key or b""))
+    return [msg.offset(), msg.timestamp()[1], crc]
 
 
 def key_parser(t: pa.DataType, dataset: str) -> Callable[[bytes], Any]:
@@ -235,7 +318,14 @@ class KafkaIngestor:
         state_dir: Path | None = None,
         start_offsets: Mapping[int, int] | None = None,
         on_checkpoint: Callable[[checkpoint.Checkpoint], None] | None = None,
+        resume: Mapping[str, Any] | None = None,
+        recovery: str | None = None,
+        dead_letter_dir: Path | None = None,
     ):
+        """``resume``: the meta of the checkpoint the dataset was loaded from (its topic id
+        and fingerprints are checked against the broker); ``recovery``: why the dataset is
+        being rebuilt or replayed (an unusable checkpoint), reported until caught up;
+        ``dead_letter_dir``: where refused dead letters go (default ``state_dir``)."""
         self.source = source
         self.dataset = dataset
         self.options = options
@@ -244,15 +334,24 @@ class KafkaIngestor:
         self.on_checkpoint = on_checkpoint
         self.next_offsets: dict[int, int] = dict(start_offsets or {})
         self.start_offsets = dict(self.next_offsets)
+        resume = resume or {}
+        # partition -> fingerprint() of the last message applied (checked against the broker)
+        self.fingerprints: dict[int, list[int]] = {
+            int(p): list(f) for p, f in (resume.get("fingerprints") or {}).items()
+        }
+        self.topic_id: str | None = resume.get("topic_id")
         self.decoder = JsonDecoder(dataset.schema)
         self.parse_key = key_parser(dataset.schema.field(dataset.key).type, dataset.name)
-        self.dlq = DeadLetterSink(options, dataset.name)
+        self.dlq = DeadLetterSink(options, dataset.name, dead_letter_dir or self.state_dir)
         self.stats = IngestStats()
         self.lag_messages: int | None = None  # measured, then moved down by what is applied
         self._exact_lag: int | None = None  # the last measurement, None once a batch is applied
         self.partitions: list[int] = []
         self._assigned: set[int] = set()
-        self.last_error: str | None = None
+        self.errors: dict[str, str] = {}  # kind -> message, until that kind succeeds
+        self.recovering: str | None = recovery
+        self._rebuild: str | None = None  # set by the lag thread: rebuild on the ingest thread
+        self._verify_at = 0.0  # monotonic time of the next topic check (0: at once)
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -267,6 +366,13 @@ class KafkaIngestor:
         self._lag_thread: threading.Thread | None = None
         if tracker is not None:
             tracker.register_source(source, uri=f"kafka://{options.topic}")
+            if recovery is not None:
+                tracker.begin_recovery(source, recovery)
+
+    @property
+    def last_error(self) -> str | None:
+        """The most recent error still standing (see ``errors``)."""
+        return next(reversed(self.errors.values()), None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -305,9 +411,17 @@ class KafkaIngestor:
             self.step()
         return False
 
+    #: errors that mean the dataset may be missing data (a checkpoint or dead-letter
+    #: problem does not: the rows are there)
+    _BLOCKING = ("broker", "consume", "apply", "lag")
+
     def caught_up(self) -> bool:
         """The last watermark measurement, taken after the last batch, found no lag."""
-        return self._exact_lag == 0 and self.last_error is None
+        return (
+            self._exact_lag == 0
+            and self._rebuild is None
+            and not any(k in self.errors for k in self._BLOCKING)
+        )
 
     def wait_caught_up(self, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -328,13 +442,15 @@ class KafkaIngestor:
                 self.step()
                 backoff = 0.5
             except Exception as exc:  # never let the ingest thread die: report, back off, retry
-                self._error(f"{type(exc).__name__}: {exc}")
-                log.exception("ingest %s: step failed; retrying in %.1fs", self.source, backoff)
+                self._error("apply", f"{type(exc).__name__}: {exc}")
+                log.exception(
+                    "ingest %s: step failed; reading the batch again in %.1fs", self.source, backoff
+                )
+                # the consumer is past the batch that failed: rewind it to the next offsets
+                # to apply (a reopen assigns there), so the batch is read again, not lost
+                self._close()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
-                err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-                if isinstance(err, KafkaError) and err.fatal():
-                    self._reopen()
 
     # ------------------------------------------------------------------ consumer
 
@@ -399,32 +515,54 @@ class KafkaIngestor:
 
     def _on_kafka_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() in self._DOWN:
-            self._error(f"kafka: {err.str()}")
+            self._error("broker", f"kafka: {err.str()}")
         else:
             log.info("ingest %s: kafka: %s", self.source, err.str())
 
-    def _error(self, message: str) -> None:
+    def _error(self, kind: str, message: str) -> None:
+        """``kind`` failed: the error stands until ``_ok(kind)`` (that kind succeeded)."""
         self.stats.errors += 1
-        self.last_error = message
+        self.errors.pop(kind, None)
+        self.errors[kind] = message  # the newest last
         if self.tracker is not None:
-            self.tracker.record_error(self.source, message)
+            self.tracker.record_error(self.source, message, kind=kind)
+
+    def _ok(self, kind: str) -> None:
+        if self.errors.pop(kind, None) is not None:
+            log.info("ingest %s: %s works again", self.source, kind)
+            if self.tracker is not None:
+                self.tracker.clear_error(self.source, kind=kind)
 
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> int:
         """One poll + apply + (maybe) lag measurement and checkpoint; returns messages applied."""
         assert self._consumer is not None
+        if self._rebuild is not None:
+            self._rebuild_now(self._rebuild)
+            assert self._consumer is not None
         msgs = self._poll()
         if any(map(Message.error, msgs)):  # (a KafkaError is truthy)
             good = [m for m in msgs if m.error() is None]
         else:
             good = msgs
+        consume_ok = True
         if len(good) < len(msgs):
             for m in msgs:
                 err = m.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                    self._error(f"kafka: {err.str()}")
+                    consume_ok = False
+                    self._error("consume", f"kafka: {err.str()}")
+                    if err.code() in (
+                        KafkaError._UNKNOWN_TOPIC,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART,
+                        KafkaError.OFFSET_OUT_OF_RANGE,
+                        KafkaError._AUTO_OFFSET_RESET,
+                    ):
+                        self._verify_at = 0.0  # is it still the same topic? check at once
         n = self._apply(good) if good else 0
+        if consume_ok and (n or not msgs):
+            self._ok("consume")
         now = time.monotonic()
         if self._repartition:
             self._repartition = False
@@ -440,7 +578,12 @@ class KafkaIngestor:
             and self._dirty
             and now - self._last_ckpt >= self.options.checkpoint_interval
         ):
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except Exception as exc:  # e.g. ENOSPC: the rows are in memory; retry later
+                self._last_ckpt = now
+                self._error("checkpoint", f"checkpoint to {self.state_dir} failed: {exc}")
+                log.warning("ingest %s: checkpoint failed: %s", self.source, exc)
         return n
 
     def _poll(self) -> list[Any]:
@@ -506,10 +649,16 @@ class KafkaIngestor:
                 dead += self._upsert_row_by_row(rows, msgs, row_msg, exc)
         # the dataset now holds the batch: dead letters out, offsets committed, position advanced
         self.dlq.flush()
+        if self.dlq.problem is not None:
+            self._error("dead_letter", self.dlq.problem)
+        elif dead:
+            self._ok("dead_letter")
         for p, o in ends.items():
             if o > self.next_offsets.get(p, -1):
                 self.next_offsets[p] = o
+                self.fingerprints[p] = fingerprint(last[p])
         self._commit()
+        self._ok("apply")
         n = len(msgs)
         st = self.stats
         st.applied += n
@@ -523,7 +672,7 @@ class KafkaIngestor:
         if self.tracker is not None:
             self.tracker.record_applied(self.source, n, newest / 1000.0 if newest else None)
             if dead:
-                self.tracker.record_dead_letters(self.source, dead)
+                self.tracker.record_dead_letters(self.source, dead, self.dlq.recent[-1])
             if self.lag_messages is not None:  # moved by what was applied until measured again
                 self.lag_messages = max(0, self.lag_messages - n)
                 self.tracker.update_lag(self.source, self.lag_messages)
@@ -604,8 +753,9 @@ class KafkaIngestor:
                     c = self.options.connection.new_consumer({"group.id": f"{self.options.group_id}.lag",
                                   "logger": logging.getLogger("fabric.ingest.librdkafka")})  # fmt: skip
                 self._measure_lag(c)
+                self._ok("lag")
             except Exception as exc:  # keep measuring; report
-                self._error(f"lag measurement: {type(exc).__name__}: {exc}")
+                self._error("lag", f"lag measurement: {type(exc).__name__}: {exc}")
         if c is not None:
             c.close()
 
@@ -647,24 +797,127 @@ class KafkaIngestor:
                 total += lag
                 detail[str(p)] = {"low": low, "high": high, "next": nxt, "lag": lag}
         except KafkaException as exc:
-            self._error(f"kafka: {exc}")
+            self._error("broker", f"kafka: {exc}")
             self._lag_backoff = min(self._lag_backoff * 2, 5.0)
             self._next_lag = now + self._lag_backoff
             return
         self._lag_backoff = self.options.lag_interval
         self._next_lag = time.monotonic() + self.options.lag_interval
+        self._ok("broker")
+        behind = {p: d for p, d in detail.items() if d["high"] < offsets.get(int(p), 0)}
+        if behind and self._rebuild is None:
+            part, d = next(iter(behind.items()))
+            self._request_rebuild(
+                f"partition {part} ends at offset {d['high']} but the dataset holds messages "
+                f"up to {offsets[int(part)] - 1}: the topic was truncated or recreated"
+            )
+        elif now >= self._verify_at and self._rebuild is None:
+            self._verify_at = now + self.options.verify_interval
+            self._verify(offsets, detail)
+        if self._rebuild is not None:  # what was measured counts against an emptied dataset
+            total = sum(d["high"] - d["low"] for d in detail.values())
         self.lag_messages = total
-        if gen == self._gen:  # no batch applied meanwhile: an exact reading
+        if gen == self._gen and self._rebuild is None:  # no batch applied meanwhile: exact
             self._exact_lag = total
-        if self.last_error is not None:
-            log.info("ingest %s: broker reachable again", self.source)
-            self.last_error = None
-            if self.tracker is not None:
-                self.tracker.clear_error(self.source)
+            if total == 0 and self.recovering is not None:
+                self._end_recovery()
         if self.tracker is not None:
             self.tracker.update_lag(self.source, total, {"partitions": detail})
         with self._applied_cond:
             self._applied_cond.notify_all()
+
+    # ------------------------------------------------------------------ same topic?
+
+    def _topic_id(self) -> str | None:
+        """The broker's topic id, or None when it has none (noida-db: all zeros)."""
+        from confluent_kafka import TopicCollection
+
+        admin = self.options.connection.new_admin()
+        d = admin.describe_topics(TopicCollection([self.options.topic]), request_timeout=5)[
+            self.options.topic
+        ].result(6)
+        tid = str(d.topic_id) if d.topic_id is not None else None
+        return None if tid is None or set(tid) <= {"A", "="} else tid
+
+    def _verify(self, offsets: Mapping[int, int], detail: Mapping[str, Any]) -> None:
+        """Is the topic still the one the offsets were applied from? Topic id (if any), then
+        per partition the fingerprint of the last message applied, read again. A message
+        that cannot be read (deleted by retention, broker busy) proves nothing."""
+        try:
+            tid = self._topic_id()
+        except Exception as exc:  # a broker without DescribeTopics: fingerprints only
+            log.debug("describe_topics: %s", exc)
+            tid = None
+        if tid is not None:
+            if self.topic_id is not None and tid != self.topic_id:
+                self._request_rebuild(
+                    f"topic {self.options.topic!r} was recreated (topic id {self.topic_id} -> {tid})"
+                )
+                return
+            self.topic_id = tid
+        want = {
+            p: f
+            for p, f in dict(self.fingerprints).items()
+            if f[0] == offsets.get(p, 0) - 1 and str(p) in detail and detail[str(p)]["low"] <= f[0]
+        }
+        if not want:
+            return
+        v = self.options.connection.new_consumer(
+            {"group.id": f"{self.options.group_id}.verify", "enable.auto.commit": False,
+             "enable.partition.eof": False, "logger": logging.getLogger("fabric.ingest.librdkafka")}
+        )  # fmt: skip
+        try:
+            v.assign([TopicPartition(self.options.topic, p, f[0]) for p, f in want.items()])
+            seen: dict[int, list[int]] = {}
+            deadline = time.monotonic() + 5
+            while len(seen) < len(want) and time.monotonic() < deadline:
+                for m in v.consume(len(want), 0.5):
+                    if m.error() is None and m.partition() in want and m.partition() not in seen:
+                        seen[m.partition()] = fingerprint(m)
+        finally:
+            v.close()
+        for p, fp in seen.items():
+            if fp != want[p]:
+                self._request_rebuild(
+                    f"partition {p} offset {fp[0]} holds another message than the one applied "
+                    f"(timestamp {fp[1]} vs {want[p][1]}): topic {self.options.topic!r} was recreated"
+                )
+                return
+
+    def _request_rebuild(self, reason: str) -> None:
+        """From either thread: the ingest thread empties the dataset and re-reads the topic."""
+        log.warning("ingest %s: %s; rebuilding the dataset from the beginning", self.source, reason)
+        self._rebuild = reason
+        self._exact_lag = None
+        if self.tracker is not None:
+            self.tracker.begin_recovery(self.source, f"{reason}; rebuilding from the beginning")
+
+    def _rebuild_now(self, reason: str) -> None:
+        """Empty the dataset and read every partition again from its beginning."""
+        ds = self.dataset
+        keys = ds.to_table([ds.key]).column(ds.key).to_pylist() if ds.count() else []
+        if keys:
+            ds.delete(keys)
+        self.next_offsets.clear()
+        self.fingerprints.clear()
+        self.topic_id = None
+        self._close()
+        self._dirty = True
+        self.recovering = reason
+        self._rebuild = None
+        self.stats.rebuilds += 1
+        log.warning(
+            "ingest %s: removed %d rows; re-reading %s", self.source, len(keys), self.options.topic
+        )
+        self._open()
+
+    def _end_recovery(self) -> None:
+        reason, self.recovering = self.recovering, None
+        log.warning("ingest %s: caught up after: %s", self.source, reason)
+        if self.tracker is not None:
+            self.tracker.end_recovery(
+                self.source, f"caught up ({self.dataset.count()} rows) after: {reason}"
+            )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -681,8 +934,11 @@ class KafkaIngestor:
                 "group": self.options.group_id,
                 "dataset": self.dataset.name,
                 "applied_total": self.stats.applied,
+                "topic_id": self.topic_id,
+                "fingerprints": {str(p): f for p, f in sorted(self.fingerprints.items())},
             },
         )
+        self._ok("checkpoint")
         self._dirty = False
         self._last_ckpt = time.monotonic()
         self.stats.checkpoints += 1
