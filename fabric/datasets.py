@@ -108,6 +108,8 @@ class DatasetManager:
         self.datasets: dict[str, Any] = {}
         self.ingestors: dict[str, KafkaIngestor] = {}
         self._offsets: dict[str, dict[int, int]] = {}
+        self._resume: dict[str, dict[str, Any]] = {}  # the checkpoint meta each was loaded from
+        self._recovery: dict[str, str] = {}  # why a dataset is replayed or rebuilt (checkpoints)
         self._saved_at: dict[str, float | None] = {}  # when the loaded checkpoint was written
         self._locks: dict[str, Any] = {}
         for d in self.decls.values():  # fail early, before anything starts
@@ -131,11 +133,22 @@ class DatasetManager:
         from indexes.dataset import Dataset
 
         sdir = self.state_dir / d.name
-        ck = checkpoint.latest(sdir)
+        # a damaged checkpoint falls back to the previous one, else to a rebuild (named)
+        loaded = checkpoint.load(sdir, lambda c: Dataset.load(str(c.dataset_dir)))
+        ck, ds = loaded.checkpoint, loaded.value
+        report = loaded.report()
+        if report is not None:
+            log.error("dataset %s: %s", d.name, report)
+            if ck is None and d.kafka_feed() is None:
+                raise ValueError(
+                    f"dataset {d.name}: {report}; it is not fed from Kafka, so it cannot be "
+                    f"rebuilt: restore {sdir} from a backup, or move it away to start empty"
+                )
+            self._recovery[d.name] = report
         if ck is not None:
-            ds = Dataset.load(str(ck.dataset_dir))
             if ds.schema.remove_metadata() == d.schema.remove_metadata() and ds.key == d.key:
                 self._offsets[d.name] = dict(ck.offsets)
+                self._resume[d.name] = dict(ck.meta)
                 self._saved_at[d.name] = float(ck.meta.get("saved_at") or 0.0) or None
                 log.info("dataset %s: loaded checkpoint %s (%d rows)", d.name, ck.path, ds.count())
                 return ds
@@ -271,6 +284,9 @@ class DatasetManager:
                 tracker=self.tracker,
                 state_dir=sdir,
                 start_offsets=self._offsets.get(d.name),
+                resume=self._resume.get(d.name),
+                recovery=self._recovery.get(d.name),
+                dead_letter_dir=self.state_dir / d.name,
             )
             self.ingestors[d.name] = ing.start()
         return self
