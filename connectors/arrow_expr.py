@@ -10,6 +10,8 @@ bound as Arrow scalars, never as text.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -69,23 +71,68 @@ def eval_constant(e: Expr, params: Mapping[str, Any], now: dt.datetime | None = 
         return now or utcnow()
     if isinstance(e, Unary):
         v = eval_constant(e.operand, params, now)
+        if v is None:
+            return None
         return (not v) if e.op == "not" else -v
     if isinstance(e, Binary) and e.op in _ARITH:
         a, b = eval_constant(e.left, params, now), eval_constant(e.right, params, now)
-        if e.op == "+":
-            return a + b
-        if e.op == "-":
-            return a - b
-        if e.op == "*":
-            return a * b
-        return a / b
+        return arith(e.op, a, b)
     raise NotTranslatable(f"cannot evaluate {e} as a constant")
+
+
+def arith(op: str, a: Any, b: Any) -> Any:
+    """``a op b`` on constants with SQL's number semantics: decimals stay exact (with
+    integers), a float makes the result a float, ``/`` divides as floats, null is null."""
+    if a is None or b is None:
+        return None
+    if (isinstance(a, decimal.Decimal) or isinstance(b, decimal.Decimal)) and (
+        isinstance(a, float) or isinstance(b, float) or op == "/"
+    ):
+        a, b = _num_float(a), _num_float(b)
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if isinstance(a, int | float | decimal.Decimal) and isinstance(
+        b, int | float | decimal.Decimal
+    ):
+        if b == 0:  # IEEE, as DuckDB: 1 / 0 is inf, 0 / 0 is nan
+            return float("nan") if a == 0 else math.copysign(math.inf, a) * math.copysign(1, b)
+        return float(a) / float(b)
+    return a / b
+
+
+def _num_float(v: Any) -> Any:
+    return float(v) if isinstance(v, decimal.Decimal) else v
 
 
 def _scalar(v: Any) -> Any:
     if isinstance(v, dt.datetime) and v.tzinfo is None:
         v = v.replace(tzinfo=dt.UTC)
     return v
+
+
+def scalar(v: Any) -> pa.Scalar:
+    """A constant as an Arrow scalar of the narrowest type: an integer takes the smallest
+    integer type holding it, so that next to a DECIMAL(15, 2) column it widens the
+    decimal by its own digits only (an int64 would ask for DECIMAL(21, 2) and pyarrow
+    raises 'Precision is not great enough'); a Decimal keeps its own precision."""
+    v = _scalar(v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        for t in (pa.int8(), pa.int16(), pa.int32()):
+            bits = t.bit_width - 1
+            if -(1 << bits) <= v < (1 << bits):
+                return pa.scalar(v, t)
+        return pa.scalar(v, pa.int64())
+    if isinstance(v, decimal.Decimal):
+        from fabric.plan.types import decimal_type
+
+        if not v.is_finite():
+            return pa.scalar(float(v))
+        return pa.scalar(v, decimal_type(v))
+    return pa.scalar(v)
 
 
 def match_tokens(query: str) -> list[str]:
@@ -107,7 +154,7 @@ def to_arrow(
 
     def go(x: Expr) -> Any:
         if is_constant(x):
-            return pc.scalar(_scalar(eval_constant(x, params, now)))
+            return pc.scalar(scalar(eval_constant(x, params, now)))
         if isinstance(x, Column):
             return col(x)
         if isinstance(x, Binary):
@@ -117,10 +164,10 @@ def to_arrow(
                 return go(x.left) | go(x.right)
             if x.op in _CMP:
                 return getattr(pc, _CMP[x.op])(go(x.left), go(x.right))
+            if x.op == "/":  # as DuckDB: a float division (7 / 2 is 3.5; 1 / 0 is inf)
+                return pc.divide(go(x.left).cast(pa.float64()), go(x.right).cast(pa.float64()))
             if x.op in _ARITH:
-                return getattr(pc, _ARITH[x.op] + ("_checked" if x.op != "/" else ""))(
-                    go(x.left), go(x.right)
-                )
+                return getattr(pc, _ARITH[x.op] + "_checked")(go(x.left), go(x.right))
             if x.op == "||":
                 return pc.binary_join_element_wise(go(x.left), go(x.right), "")
         if isinstance(x, Unary):
@@ -164,29 +211,18 @@ def to_arrow(
 def _call(
     x: Call, go: Callable[[Expr], Any], params: Mapping[str, Any], now: dt.datetime | None
 ) -> Any:
-    name, args = x.name, x.args
-    if name == "lower" and len(args) == 1:
-        return pc.utf8_lower(go(args[0]))
-    if name == "upper" and len(args) == 1:
-        return pc.utf8_upper(go(args[0]))
-    if name == "length" and len(args) == 1:
-        return pc.utf8_length(go(args[0]))
-    if name == "abs" and len(args) == 1:
-        return pc.abs(go(args[0]))
-    if name == "coalesce" and args:
-        return pc.coalesce(*[go(a) for a in args])
-    if name == "match" and len(args) == 2 and is_constant(args[1]):
-        # keyword match: every token of the query appears as a word of the column (case-insensitive)
-        tokens = match_tokens(str(eval_constant(args[1], params, now)))
-        if not tokens:
-            return pc.scalar(False)
-        target = go(args[0])
-        r = None
-        for t in tokens:
-            m = pc.match_substring_regex(target, rf"(?i)(^|\W){re.escape(t)}($|\W)")
-            r = m if r is None else r & m
-        return r
-    raise NotTranslatable(f"function {name}() cannot be applied with pyarrow")
+    from fabric.functions import REGISTRY
+
+    f = REGISTRY.get(x.name)
+    if f is None or f.arrow is None:
+        raise NotTranslatable(f"function {x.name}() cannot be applied with pyarrow")
+
+    def const(a: Expr) -> Any:
+        if not is_constant(a):
+            raise NotTranslatable(f"argument {a} of {x.name}() must be a constant here")
+        return eval_constant(a, params, now)
+
+    return f.arrow(x, go, const)
 
 
 def translatable(e: Expr, params: Mapping[str, Any] | None = None) -> bool:

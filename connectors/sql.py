@@ -132,6 +132,19 @@ class SqlSource(Source):
             self.capabilities = frozenset({"projection", "limit"})  # type: ignore[misc]
         self._stats: Statistics | None = None
         self._last_stmt: sa.Select | None = None
+        # PostgreSQL CHAR(n) pads values with blanks ('Brand#13  ') and compares them
+        # ignoring the padding: read and compare them as text (cast drops the padding), as
+        # MariaDB and DuckDB's scanners return them, so pushed and local filters agree
+        self._char = (
+            {c.name for c in table.columns if isinstance(c.type, sa.CHAR | sa.NCHAR)}
+            if dialect == "postgresql"
+            else set()
+        )
+
+    def col(self, name: str) -> Any:
+        """The column as selected and compared (CHAR(n) of PostgreSQL as unpadded text)."""
+        c = self.table.c[name]
+        return sa.cast(c, sa.Text()) if name in self._char else c
 
     def schema(self) -> pa.Schema:
         return self._schema
@@ -201,7 +214,9 @@ class SqlSource(Source):
         extra = sorted({c.name for f in local for c in f.columns()} - set(cols))
         selected = [*cols, *extra]
         stmt = (
-            sa.select(*[self.table.c[c] for c in selected])
+            sa.select(
+                *[self.col(c).label(c) if c in self._char else self.table.c[c] for c in selected]
+            )
             if selected
             else sa.select(sa.literal(1))
         )
@@ -282,6 +297,10 @@ class _Translator:
             return sa.bindparam(None, v, type_=sa.BigInteger()), pa.int64()
         if isinstance(v, float):
             return sa.bindparam(None, v, type_=sa.Float()), pa.float64()
+        if isinstance(v, decimal.Decimal):  # an exact decimal, compared exactly by the server
+            from fabric.plan.types import decimal_type
+
+            return sa.bindparam(None, v, type_=sa.Numeric(asdecimal=True)), decimal_type(v)
         if isinstance(v, str):
             return sa.bindparam(None, v, type_=sa.String()), pa.string()
         if isinstance(v, dt.date):
@@ -294,7 +313,7 @@ class _Translator:
         if isinstance(e, Column):
             if e.name not in self.src.table.c:
                 raise NotTranslatable(f"unknown column {e.name}")
-            return self.src.table.c[e.name], self.src._schema.field(e.name).type
+            return self.src.col(e.name), self.src._schema.field(e.name).type
         if isinstance(e, Binary) and e.op in ("+", "-", "*", "%"):
             (a, ta), (b, tb) = self.value(e.left), self.value(e.right)
             if not _numeric(ta) or not _numeric(tb):
@@ -317,32 +336,35 @@ class _Translator:
             if not _numeric(ta):
                 raise NotTranslatable(f"negation of a non-number: {e}")
             return -a, ta
-        if (
-            isinstance(e, Call)
-            and e.name in ("lower", "upper", "length", "abs")
-            and len(e.args) == 1
-        ):
-            a, ta = self.value(e.args[0])
-            if e.name in ("lower", "upper", "length") and not _is_text(ta):
-                raise NotTranslatable(f"{e.name}() of a non-string: {e}")
-            if e.name in ("lower", "upper", "length"):
-                self._text_ok(ta)
-            if e.name == "abs":
-                if not _numeric(ta):
-                    raise NotTranslatable(f"abs() of a non-number: {e}")
-                return sa.func.abs(a), ta
-            if e.name == "length":
-                return sa.func.char_length(a), pa.int64()
-            return getattr(sa.func, e.name)(a), pa.string()
-        if isinstance(e, Call) and e.name == "coalesce" and e.args:
-            vals = [self.value(a) for a in e.args]
-            types = {str(t) for _, t in vals if t is not None}
-            if len(types) > 1:
-                raise NotTranslatable(f"coalesce() over different types: {e}")
-            return sa.func.coalesce(*[v for v, _ in vals]), next(
-                (t for _, t in vals if t is not None), None
-            )
+        if isinstance(e, Call):
+            return self._call(e)
         raise NotTranslatable(f"cannot translate {e} to SQL")
+
+    def _call(self, e: Call) -> tuple[Any, pa.DataType | None]:
+        """A function through its registered SQL form for this dialect (fabric.functions)."""
+        from fabric.functions import REGISTRY
+
+        f = REGISTRY.get(e.name)
+        if f is None or f.sql is None or f.aggregate:
+            raise NotTranslatable(f"{e.name}() has no SQL form")
+        args = []
+        for i, a in enumerate(e.args):
+            if i in f.constant_args:
+                args.append((None, None, a))
+                continue
+            v, t = self.value(a)
+            if _is_text(t) and e.name in ("lower", "upper", "length", "trim", "substring"):
+                self._text_ok(t)
+            args.append((v, t, a))
+
+        def const(a: Expr) -> Any:
+            if not is_constant(a):
+                raise NotTranslatable(f"argument {a} of {e.name}() must be a constant")
+            if self.probe and a.params():
+                raise NotTranslatable(f"argument {a} of {e.name}() is a session value")
+            return eval_constant(a, self.params, self.now)
+
+        return f.sql(self.src.conn.engine.dialect.name, args, const)
 
     def _binary(self, clause: Any, t: pa.DataType | None) -> Any:
         return (

@@ -85,7 +85,9 @@ class Star(Expr):
 
 @dataclass(frozen=True)
 class Literal(Expr):
-    """A constant. ``type`` is one of int, float, str, bool, null, timestamp, interval, list.
+    """A constant. ``type`` is one of int, float, decimal, str, bool, null, timestamp,
+    interval, list. ``0.06`` is a ``decimal`` (a ``decimal.Decimal``, exact as in SQL);
+    ``1e-3`` is a ``float``.
 
     A ``list`` literal (``[0.5, 0.3, 0.2]``, e.g. policy weights) holds a tuple of constants."""
 
@@ -250,6 +252,9 @@ def _lit(v: Any, t: str) -> str:
         return "null"
     if t == "bool":
         return "true" if v else "false"
+    if t == "decimal":
+        text = str(v)
+        return text if "." in text or "E" in text else text + ".0"
     if t == "str":
         return "'" + str(v).replace("'", "''") + "'"
     if t == "timestamp":

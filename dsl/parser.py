@@ -11,6 +11,7 @@ expected tokens in plain words.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import functools
 import re
 import threading
@@ -229,7 +230,11 @@ class _ToAst(Transformer):
         return A.Literal(int(c[0]), "int", span=_sp(meta))
 
     def float_lit(self, meta, c):
-        return A.Literal(float(c[0]), "float", span=_sp(meta))
+        text = str(c[0])
+        if "e" in text.lower():  # 1.5e3: an approximate (float) literal, as in SQL
+            return A.Literal(float(text), "float", span=_sp(meta))
+        # 0.06: an exact decimal, as in SQL (0.06 - 0.01 is 0.05, not 0.049999...)
+        return A.Literal(decimal.Decimal(text), "decimal", span=_sp(meta))
 
     def str_lit(self, meta, c):
         return A.Literal(_unquote(str(c[0])), "str", span=_sp(meta))
@@ -256,18 +261,24 @@ class _ToAst(Transformer):
         span = _sp(meta)
         values = []
         for x in items:
-            if not isinstance(x, A.Literal) or x.type not in ("int", "float", "str", "bool"):
+            if not isinstance(x, A.Literal) or x.type not in (
+                "int",
+                "float",
+                "decimal",
+                "str",
+                "bool",
+            ):
                 raise DslError.at(
                     "a [...] list may hold only constant numbers, strings or booleans",
                     x.span or span,
                 )
-            values.append(x.value)
+            values.append(float(x.value) if x.type == "decimal" else x.value)
         return A.Literal(tuple(values), "list", span=span)
 
     # ---- operators
     def neg(self, meta, c):
         x = c[1]
-        if isinstance(x, A.Literal) and x.type in ("int", "float"):
+        if isinstance(x, A.Literal) and x.type in ("int", "float", "decimal"):
             return A.Literal(-x.value, x.type, span=_sp(meta))
         return A.Unary("-", x, span=_sp(meta))
 

@@ -233,6 +233,25 @@ class Fabric:
             raise LookupError("this fabric was opened offline: no datasets are materialized")
         return self.service.manager.dataset(name)
 
+    def catch_up_timeout(self, timeout: float | None = None) -> float:
+        """``timeout``, else the longest ``timeout`` of the Kafka connections feeding
+        datasets (10 s by default)."""
+        if timeout is not None:
+            return float(timeout)
+        conns = {
+            d.from_uri.split("://", 1)[1].split("/", 1)[0]
+            for d in self.config.datasets.values()
+            if d.from_uri and d.from_uri.startswith("kafka://")
+        }
+        return max((float(self.catalog.connection(c).timeout) for c in conns), default=10.0)
+
+    def catch_up(self, timeout: float | None = None) -> bool:
+        """Wait until every dataset ingested here has applied everything the broker held
+        when it was last measured (``catch_up_timeout`` seconds at most); True if so."""
+        if self.service is None or not self.service.manager.ingestors:
+            return True
+        return self.service.manager.wait_caught_up(self.catch_up_timeout(timeout))
+
     def freshness(self) -> dict[str, Any]:
         """Every source and binding with state, lags and since-when, as ``GET
         /v1/freshness`` serves it."""

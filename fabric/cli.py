@@ -2,8 +2,14 @@
 
 fabric validate [PATH ...] [--config fabric.yaml] [--offline]
 fabric explain NAME [--session k=v ...] [--analyze] [--logical] [--config fabric.yaml]
-fabric query NAME [--session k=v ...] [--format table|json] [--config fabric.yaml]
+fabric query NAME [--session k=v ...] [--format table|json] [--catch-up S] [--config fabric.yaml]
 fabric query --text "from mysql://shop/merchants as m select m.name limit 5"
+
+``query`` and ``explain --analyze`` read Kafka-fed datasets as the broker has them now: they
+ingest from the last checkpoint to the broker's end (up to ``--catch-up`` seconds, default
+10) before answering, and print each source's freshness (measured against the broker) to
+stderr; the binding's ``on_stale`` decides what a source still behind does. ``--catch-up
+0`` answers from the last checkpoint without ingesting (the lag still comes from the broker).
 fabric serve ...   (fabric.server)
 fabric demo ...    (fabric.demo)
 """
@@ -40,7 +46,9 @@ def _config_path(arg: str | None) -> Path | None:
     return p if p.exists() else None
 
 
-def _open(args: argparse.Namespace, *, watch: bool = False):
+def _open(args: argparse.Namespace, *, watch: bool = False, reads: bool = False):
+    """The fabric of ``--config``; ``reads``: the command reads data, so Kafka-fed datasets
+    are ingested up to the broker's end first (``--catch-up`` seconds at most)."""
     import fabric
 
     path = _config_path(args.config)
@@ -48,7 +56,32 @@ def _open(args: argparse.Namespace, *, watch: bool = False):
         raise DslError.at(
             "no fabric.yaml here", Span("fabric.yaml", 1, 1), "pass --config path/to/fabric.yaml"
         )
-    return fabric.open(path, ingest=False, watch=watch, offline=getattr(args, "offline", False))
+    offline = getattr(args, "offline", False)
+    wait = getattr(args, "catch_up", None)
+    ingest = reads and not offline and wait != 0
+    fab = fabric.open(path, ingest=ingest, watch=watch, offline=offline)
+    if ingest and not fab.catch_up(wait):
+        print(
+            f"fabric: not caught up with the broker after {fab.catch_up_timeout(wait):g} s; "
+            "answering with what is ingested (see freshness below)",
+            file=sys.stderr,
+        )
+    return fab
+
+
+def _print_freshness(res: Any) -> None:
+    """One line per source read, on stderr: status, lag against the source, error."""
+    for alias, f in (res.freshness or {}).items():
+        text = f"freshness: {alias} {f.get('uri')} {f.get('status')}"
+        if f.get("flagged"):
+            text += " (flagged)"
+        if f.get("lag_messages") is not None:
+            text += f", lag {f['lag_messages']} messages"
+        if f.get("lag_seconds") is not None:
+            text += f", {f['lag_seconds']:g} s"
+        if f.get("error"):
+            text += f"; {f['error']}"
+        print(text, file=sys.stderr)
 
 
 def _session(args: argparse.Namespace, compiled: Any) -> dict[str, Any]:
@@ -133,7 +166,7 @@ def _expand(paths: Sequence[str]) -> list[Path]:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    with _open(args) as fab:
+    with _open(args, reads=args.analyze) as fab:
         compiled = fab.binding(args.name)
         session = _session(args, compiled)
         print(
@@ -145,7 +178,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    with _open(args) as fab:
+    with _open(args, reads=True) as fab:
         if args.text:
             session = _session(args, None)
             res = fab.query_text(args.text, session or None)
@@ -155,6 +188,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             compiled = fab.binding(args.name)
             res = fab.query(args.name, _session(args, compiled))
         table = res.table
+        _print_freshness(res)
         if args.format == "json":
             print(json.dumps(table.to_pylist(), default=str, indent=2))
         else:
@@ -195,6 +229,12 @@ def cmd_delegate(module: str, argv: list[str]) -> int:
 # ------------------------------------------------------------------ entry point
 
 
+_CATCH_UP = (
+    "seconds to ingest Kafka-fed datasets up to the broker's end before reading "
+    "(default: the connections' timeout, 10 s; 0: read the last checkpoint, lag still measured)"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fabric", description="The agent data fabric.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -216,6 +256,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--logical", action="store_true", help="the plan before optimization")
     e.add_argument("--config")
     e.add_argument("--offline", action="store_true")
+    e.add_argument("--catch-up", type=float, metavar="S", help=_CATCH_UP)
     e.set_defaults(fn=cmd_explain)
 
     q = sub.add_parser("query", help="run a binding (or --text) and print the result")
@@ -224,6 +265,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--session", action="append", metavar="K=V")
     q.add_argument("--format", choices=("table", "json"), default="table")
     q.add_argument("--config")
+    q.add_argument("--catch-up", type=float, metavar="S", help=_CATCH_UP)
     q.set_defaults(fn=cmd_query)
 
     sub.add_parser(

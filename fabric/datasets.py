@@ -229,14 +229,18 @@ class DatasetManager:
             return {"lag_messages": None, "lag_seconds": None, "error": str(exc)}
         lag = sum(max(0, hi - max(nxt.get(p, lo), lo)) for p, (lo, hi) in marks.items())
         out: dict[str, Any] = {"lag_messages": lag, "lag_seconds": 0.0 if lag == 0 else None}
-        if lag and ing is None:
-            saved = self._saved_at.get(name)
-            if saved:
-                out["lag_seconds"] = max(0.0, time.time() - saved)
+        if lag:
+            # pending messages are at most as old as the data held: the newest event
+            # applied here, else when the loaded checkpoint was written
+            applied = self.tracker.lag(name) if self.tracker is not None else None
+            ref = (applied[3] if applied else None) or self._saved_at.get(name)
+            if ref:
+                out["lag_seconds"] = max(0.0, time.time() - ref)
+                out["event_time"] = ref
             else:
                 out["error"] = (
-                    f"{lag} messages of {d.from_uri} are not applied: nothing ingests dataset "
-                    f"{name} in this process and no checkpoint holds them"
+                    f"{lag} messages of {d.from_uri} are not applied yet and nothing held "
+                    "tells their age"
                 )
         return out
 
@@ -452,9 +456,15 @@ class FabricService:
             if d.kafka_feed():
                 tracker.register_source(d.name, per_source.get(d.name), uri=d.from_uri)
         if with_bindings:
+            from dsl.errors import DslError
             from dsl.loader import load_file
 
-            specs = [b for f in cfg.binding_files() for b in load_file(f)]
+            specs = []
+            for f in cfg.binding_files():
+                try:
+                    specs.extend(load_file(f))
+                except DslError:  # the file's diagnostic (validate()); the others keep working
+                    continue
             reads, overrides = bindings_from_specs(
                 specs, [d.name for d in decls], recover_after=recover
             )

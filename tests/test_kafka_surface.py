@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -240,3 +241,85 @@ def test_readyz_endpoint(tmp_path, kafka_bootstrap, new_topic):
                 assert body["ready"] is (code == 200)
             finally:
                 srv.stop()
+
+
+# ---------------------------------------------------------------- finding 7: the CLI catches up
+
+
+def _cli(cfg: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fabric", *args, "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        cwd=cfg.parent,
+        timeout=timeout,
+    )
+
+
+def _events_fabric(tmp_path: Path, bootstrap: str, topic: str, on_stale: str = "flag") -> Path:
+    return write_fabric(
+        tmp_path,
+        f'bus: {{kind: kafka, bootstrap: "{bootstrap}", timeout: 5}}',
+        f"""
+        events:
+          from: kafka://bus/{topic}
+          key: id
+          schema: {{id: str, v: int}}
+        """,
+        f"""
+        binding: recent_events
+        sources:
+          e:
+            from: dataset://events
+            freshness: {{max_lag: 5s, on_stale: {on_stale}}}
+        select: [e.id, e.v]
+        """,
+    )
+
+
+def test_cli_query_catches_up_with_the_broker(tmp_path, kafka_bootstrap, new_topic):
+    """No checkpoint: the CLI used to print [] and 'fresh'; it now ingests to the broker's
+    end first and says so. Then with an old checkpoint and 5 new events: all of them."""
+    topic = new_topic(2)
+    produce(kafka_bootstrap, topic, [{"id": f"k{i}", "v": i} for i in range(5)])
+    cfg = _events_fabric(tmp_path, kafka_bootstrap, topic)
+    out = _cli(cfg, "query", "recent_events", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert sorted(r["id"] for r in json.loads(out.stdout)) == [f"k{i}" for i in range(5)]
+    assert re.search(r"freshness: e dataset://events fresh, lag 0 messages", out.stderr), out.stderr
+
+    # a checkpoint from that run exists; 5 new events arrive afterwards
+    produce(kafka_bootstrap, topic, [{"id": f"n{i}", "v": i} for i in range(5)])
+    out = _cli(cfg, "query", "recent_events", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)) == 10
+    assert "fresh, lag 0 messages" in out.stderr
+
+
+def test_cli_without_catch_up_reports_the_brokers_lag(tmp_path, kafka_bootstrap, new_topic):
+    """``--catch-up 0``: no ingestion, so the answer is what the checkpoint holds, and its
+    freshness is the lag measured against the broker (5 messages), flagged stale."""
+    topic = new_topic()
+    produce(kafka_bootstrap, topic, [{"id": f"k{i}", "v": i} for i in range(3)])
+    cfg = _events_fabric(tmp_path, kafka_bootstrap, topic)
+    assert _cli(cfg, "query", "recent_events").returncode == 0  # leaves a checkpoint of 3
+    produce(kafka_bootstrap, topic, [{"id": f"n{i}", "v": i} for i in range(5)])
+    time.sleep(6)  # the checkpoint is now older than max_lag: 5s
+    out = _cli(cfg, "query", "recent_events", "--format", "json", "--catch-up", "0")
+    assert out.returncode == 0, out.stderr
+    assert "stale (flagged)" in out.stderr, out.stderr
+    rows = json.loads(out.stdout)
+    m = re.search(r"lag (\d+) messages", out.stderr)
+    assert m is not None, out.stderr
+    assert len(rows) + int(m.group(1)) == 8, (rows, out.stderr)  # never both "fresh" and short
+
+
+def test_cli_fail_policy_fails_on_stale(tmp_path, kafka_bootstrap, new_topic):
+    topic = new_topic()
+    produce(kafka_bootstrap, topic, [{"id": "a", "v": 1}])
+    cfg = _events_fabric(tmp_path, kafka_bootstrap, topic, on_stale="fail")
+    cfg.write_text(cfg.read_text().replace(topic, topic + "x"))  # never catches up: no topic
+    out = _cli(cfg, "query", "recent_events", "--catch-up", "1")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "stale" in out.stderr and "does not exist" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -20,7 +20,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, match_tokens
+from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant
 from dsl.ast import (
     Between,
     Binary,
@@ -37,20 +37,11 @@ from dsl.ast import (
     Unary,
     replace,
 )
-from fabric.functions import FABRIC_FUNCTIONS, register_duckdb, uses_fabric_functions
+from fabric.functions import REGISTRY, register_duckdb, uses_array_functions
 
 _lock = threading.Lock()
 _base: duckdb.DuckDBPyConnection | None = None
 _ids = itertools.count()
-
-_SCALAR = {
-    "lower": "lower",
-    "upper": "upper",
-    "length": "length",
-    "abs": "abs",
-    "coalesce": "coalesce",
-}
-_AGG = {"count": "count", "sum": "sum", "avg": "avg", "min": "min", "max": "max"}
 
 
 class UnresolvedColumn(LookupError):
@@ -67,6 +58,10 @@ def cursor() -> duckdb.DuckDBPyConnection:
         if _base is None:
             _base = duckdb.connect()
             _base.execute("SET TimeZone = 'UTC'")
+            # once, on the connection itself: a function registered on a cursor is freed
+            # with the cursor while the catalog keeps its entry (the next query through
+            # another cursor called whatever object then lived at that address)
+            register_duckdb(_base)
         return _base.cursor()
 
 
@@ -133,7 +128,6 @@ class SqlBuilder:
         self.now = now
         self.values: list[Any] = []
         self.tables: dict[str, pa.Table] = {}
-        self.functions: set[str] = set()
         self._q = itertools.count()
 
     def bind(self, v: Any) -> str:
@@ -170,7 +164,7 @@ class SqlBuilder:
             if e.name not in self.params:
                 raise KeyError(f"session value {e.name!r} is not bound")
             return self.bind(_plain(self.params[e.name]))
-        if is_constant(e) and not uses_fabric_functions(e) and not isinstance(e, Call | InList):
+        if is_constant(e) and not uses_array_functions(e) and not isinstance(e, Call | InList):
             try:
                 return self.bind(eval_constant(e, self.params, self.now))
             except (NotTranslatable, TypeError):
@@ -208,29 +202,26 @@ class SqlBuilder:
         name, args = e.name, e.args
         if name == "now" and not args:
             return self.bind(self.now)
-        if name == "count" and (not args or isinstance(args[0], Star)):
-            return "count(*)"
-        if name == "count_distinct":
-            return f"count(DISTINCT {self.expr(args[0], rel)})"
-        if name in _AGG:
-            inner = ", ".join(self.expr(a, rel) for a in args)
-            return f"{_AGG[name]}({'DISTINCT ' if e.distinct else ''}{inner})"
-        if name in _SCALAR:
-            return f"{_SCALAR[name]}({', '.join(self.expr(a, rel) for a in args)})"
-        if name == "match" and len(args) == 2 and is_constant(args[1]):
-            tokens = match_tokens(str(eval_constant(args[1], self.params, self.now)))
-            if not tokens:
-                return "FALSE"
-            target = self.expr(args[0], rel)
-            patterns = [r"(?i)(^|\W)" + re.escape(t) + r"($|\W)" for t in tokens]
-            parts = [f"regexp_matches({target}, {self.bind(p)})" for p in patterns]
-            return "(" + " AND ".join(parts) + ")"
-        if name in FABRIC_FUNCTIONS:
-            self.functions.add(name)
-            if name == "geo_hash":
-                a, b, p = (self.expr(x, rel) for x in args)
-                return f"geo_hash(CAST({a} AS DOUBLE), CAST({b} AS DOUBLE), CAST({p} AS BIGINT))"
-        raise NotTranslatable(f"function {name}() is not available in joins and aggregates")
+        f = REGISTRY.get(name)
+        if f is None or f.duckdb is None:
+            raise NotTranslatable(f"function {name}() is not available in joins and aggregates")
+
+        def const(a: Expr) -> Any:
+            if not is_constant(a):
+                raise NotTranslatable(f"argument {a} of {name}() must be a constant")
+            return eval_constant(a, self.params, self.now)
+
+        texts = [
+            "*" if isinstance(a, Star) else self.expr(a, rel)
+            for i, a in enumerate(args)
+            if i not in f.constant_args
+        ]
+        # constant arguments (units, digits) are validated by the form and written by it
+        full: list[str] = []
+        it = iter(texts)
+        for i, _ in enumerate(args):
+            full.append("" if i in f.constant_args else next(it))
+        return f.duckdb(e, full, const)
 
     def sort_keys(self, keys: tuple[SortKey, ...], rel: Rel) -> str:
         out = []
@@ -247,8 +238,6 @@ class SqlBuilder:
         try:
             for name, t in self.tables.items():
                 cur.register(name, t)
-            if self.functions:
-                register_duckdb(cur, self.functions)
             sql, values = used_params(sql, self.values)
             return cur.sql(sql, params=values or None).to_arrow_table()
         finally:

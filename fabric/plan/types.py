@@ -9,6 +9,7 @@ flow into the encrypted scoring functions.
 
 from __future__ import annotations
 
+import decimal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -81,6 +82,8 @@ def literal_type(lit: A.Literal) -> pa.DataType:
         return pa.int64()
     if t == "float":
         return pa.float64()
+    if t == "decimal":
+        return decimal_type(lit.value)
     if t == "str":
         return pa.string()
     if t == "bool":
@@ -120,14 +123,43 @@ def _err(msg: str, e: A.Expr, hint: str | None = None) -> DslError:
     return DslError.at(msg, e.span, hint)
 
 
-def _common_numeric(a: pa.DataType, b: pa.DataType) -> pa.DataType:
-    if (
-        pa.types.is_floating(a)
-        or pa.types.is_floating(b)
-        or pa.types.is_decimal(a)
-        or pa.types.is_decimal(b)
-    ):
+def decimal_type(v: decimal.Decimal) -> pa.DataType:
+    """The DECIMAL(p, s) of a decimal literal, as SQL types ``0.06`` (DECIMAL(3, 2))."""
+    _, digits, exp = v.as_tuple()
+    assert isinstance(exp, int)
+    scale = max(0, -exp)
+    precision = max(len(digits) + max(0, exp), scale + 1)
+    return pa.decimal128(min(38, precision), min(38, scale))
+
+
+def _as_decimal(t: pa.DataType, e: A.Expr | None = None) -> pa.DataType:
+    """Integers in decimal arithmetic: an integer literal takes its own digits, an integer
+    column DECIMAL(19, 0) (as SQL)."""
+    if pa.types.is_decimal(t):
+        return t
+    if isinstance(e, A.Literal) and e.type == "int":
+        return pa.decimal128(max(1, len(str(abs(e.value)))), 0)
+    return pa.decimal128(19 if pa.types.is_integer(t) else 38, 0)
+
+
+def common_numeric(
+    a: pa.DataType,
+    b: pa.DataType,
+    op: str = "+",
+    ea: A.Expr | None = None,
+    eb: A.Expr | None = None,
+) -> pa.DataType:
+    """The type of ``a op b`` for numbers, as SQL: a float makes a float; decimals stay
+    decimal (exact), integers stay integers; ``/`` is a float division."""
+    if op == "/" or pa.types.is_floating(a) or pa.types.is_floating(b):
         return pa.float64()
+    if pa.types.is_decimal(a) or pa.types.is_decimal(b):
+        da, db = _as_decimal(a, ea), _as_decimal(b, eb)
+        if op == "*":
+            return pa.decimal128(min(38, da.precision + db.precision), min(38, da.scale + db.scale))
+        scale = max(da.scale, db.scale)
+        whole = max(da.precision - da.scale, db.precision - db.scale)
+        return pa.decimal128(min(38, whole + scale + 1), scale)
     return pa.int64()
 
 
@@ -228,7 +260,7 @@ def _bool(e: A.Expr, t: pa.DataType, op: str) -> None:
 
 def _cmp_hint(t: pa.DataType, other: A.Expr) -> str | None:
     if isinstance(other, A.Literal):
-        if is_text(t) and other.type in ("int", "float"):
+        if is_text(t) and other.type in ("int", "float", "decimal"):
             return f"quote the value: '{other.value}'"
         if is_temporal(t) and other.type == "str":
             return f"write a timestamp literal: timestamp '{other.value}'"
@@ -266,7 +298,7 @@ def _binary(e: A.Binary, env: Env) -> pa.DataType:
         return pa.string()
     # arithmetic
     if is_numeric(lt) and is_numeric(rt):
-        return pa.float64() if op == "/" else _common_numeric(lt, rt)
+        return common_numeric(lt, rt, op, e.left, e.right)
     if pa.types.is_null(lt):
         return rt
     if pa.types.is_null(rt):
@@ -286,8 +318,7 @@ def _binary(e: A.Binary, env: Env) -> pa.DataType:
 
 
 # ------------------------------------------------------------------ functions
-
-Check = Callable[[A.Call, list[pa.DataType]], pa.DataType]
+# Each function's arity and type rule live in its entry of fabric.functions.REGISTRY.
 
 
 def _arity(c: A.Call, lo: int, hi: int | None = None) -> None:
@@ -308,155 +339,20 @@ def _need(
         )
 
 
-def _f_now(c, ts):
-    _arity(c, 0)
-    return TIMESTAMP
+def _functions():
+    from fabric import functions
 
-
-def _f_text(c, ts):
-    _arity(c, 1)
-    _need(c, 0, ts[0], is_text, "text")
-    return pa.string()
-
-
-def _f_length(c, ts):
-    _arity(c, 1)
-    _need(c, 0, ts[0], lambda t: is_text(t) or _class(t) == "list", "text or a list")
-    return pa.int64()
-
-
-def _f_abs(c, ts):
-    _arity(c, 1)
-    _need(c, 0, ts[0], is_numeric, "a number")
-    return ts[0]
-
-
-def _f_round(c, ts):
-    _arity(c, 1, 2)
-    _need(c, 0, ts[0], is_numeric, "a number")
-    if len(ts) == 2:
-        _need(c, 1, ts[1], pa.types.is_integer, "an integer")
-    return pa.float64()
-
-
-def _f_floor(c, ts):
-    _arity(c, 1)
-    _need(c, 0, ts[0], is_numeric, "a number")
-    return pa.int64()
-
-
-def _f_coalesce(c, ts):
-    _arity(c, 1, 99)
-    first = next((t for t in ts if not pa.types.is_null(t)), pa.null())
-    for i, t in enumerate(ts):
-        if not comparable(first, t):
-            raise _err(
-                f"coalesce() arguments must have one type; {_text(c.args[i])} is {name_of(t)}, "
-                f"expected {name_of(first)}",
-                c.args[i],
-            )
-    return first
-
-
-def _f_geo_hash(c, ts):
-    _arity(c, 2, 3)
-    _need(c, 0, ts[0], is_numeric, "a latitude (number)")
-    _need(c, 1, ts[1], is_numeric, "a longitude (number)")
-    if len(ts) == 3:
-        _need(c, 2, ts[2], pa.types.is_integer, "a precision (integer)")
-    return pa.string()
-
-
-def _f_match(c, ts):
-    _arity(c, 2)
-    _need(c, 0, ts[0], lambda t: is_text(t) or _class(t) == "list", "a text column")
-    _need(c, 1, ts[1], is_text, "the query text")
-    return pa.bool_()
-
-
-def _f_date_trunc(c, ts):
-    _arity(c, 2)
-    _need(c, 0, ts[0], is_text, "a unit such as 'day'")
-    _need(c, 1, ts[1], is_temporal, "a timestamp")
-    return ts[1]
-
-
-def _f_distance(c, ts):
-    _arity(c, 2)
-    for i in range(2):
-        _need(c, i, ts[i], is_vector, "a vector")
-    return pa.float64()
-
-
-def _f_contains(c, ts):
-    _arity(c, 2)
-    _need(c, 0, ts[0], lambda t: _class(t) == "list", "a list")
-    return pa.bool_()
-
-
-def _f_count(c, ts):
-    _arity(c, 0, 1)
-    return pa.int64()
-
-
-def _f_sum(c, ts):
-    _arity(c, 1)
-    _need(c, 0, ts[0], is_numeric, "a number")
-    return _common_numeric(ts[0], ts[0])
-
-
-def _f_avg(c, ts):
-    _arity(c, 1)
-    _need(c, 0, ts[0], is_numeric, "a number")
-    return pa.float64()
-
-
-def _f_minmax(c, ts):
-    _arity(c, 1)
-    _need(
-        c,
-        0,
-        ts[0],
-        lambda t: _class(t) in ("number", "str", "time", "bool", "interval"),
-        "an ordered value",
-    )
-    return ts[0]
-
-
-FUNCTIONS: dict[str, Check] = {
-    "now": _f_now,
-    "lower": _f_text,
-    "upper": _f_text,
-    "trim": _f_text,
-    "length": _f_length,
-    "abs": _f_abs,
-    "round": _f_round,
-    "floor": _f_floor,
-    "ceil": _f_floor,
-    "coalesce": _f_coalesce,
-    "geo_hash": _f_geo_hash,
-    "match": _f_match,
-    "date_trunc": _f_date_trunc,
-    "contains": _f_contains,
-    "cosine": _f_distance,
-    "l2": _f_distance,
-    "dot": _f_distance,
-    "count": _f_count,
-    "count_distinct": _f_count,
-    "sum": _f_sum,
-    "avg": _f_avg,
-    "min": _f_minmax,
-    "max": _f_minmax,
-}
+    return functions
 
 
 def _call(c: A.Call, env: Env) -> pa.DataType:
-    fn = FUNCTIONS.get(c.name)
+    registry = _functions().REGISTRY
+    fn = registry.get(c.name)
     if fn is None and c.name not in ENCRYPTED_FUNCTIONS:
         raise _err(
             f"unknown function {c.name}()",
             c,
-            did_you_mean(c.name, set(FUNCTIONS) | set(ENCRYPTED_FUNCTIONS), "functions"),
+            did_you_mean(c.name, set(registry) | set(ENCRYPTED_FUNCTIONS), "functions"),
         )
     if c.is_aggregate:
         for a in c.args:
@@ -472,7 +368,7 @@ def _call(c: A.Call, env: Env) -> pa.DataType:
     if c.distinct and not c.is_aggregate:
         raise _err(f"'distinct' is only allowed in aggregates, not in {c.name}()", c)
     assert fn is not None
-    return fn(c, ts)
+    return _functions().check_call(c, ts)
 
 
 def _encrypted_call(c: A.Call, ts: list[pa.DataType]) -> pa.DataType:
