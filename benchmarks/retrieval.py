@@ -39,71 +39,86 @@ import pyarrow as pa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from connectors.dataset import DatasetSource
-from dsl.ast import Binary, Call, Column, Expr, Literal
+from dsl.ast import Binary, Call, Column, Expr, InList, Literal
 from indexes import Dataset, IndexSpec, calibrate
 
 DIM, CLUSTERS, K = 128, 64, 10
+QUERY_CLUSTERS = 32  # queries come from clusters 0-31; the anti-correlated filters select 32-63
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 KEYWORDS = {"k10": 0.1, "k1": 0.01, "k01": 0.001, "k001": 0.0001}
 
 
-def mixture(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def mixture(n: int, seed: int, clusters: int = CLUSTERS) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` points of the mixture; ``clusters`` < 64 draws only from the first clusters
+    (the queries: the anti-correlated points select clusters they never come from)."""
     rng = np.random.default_rng(seed)
     centers = np.random.default_rng(12345).standard_normal((CLUSTERS, DIM)).astype(np.float32) * 2.0
-    lab = rng.integers(0, CLUSTERS, n)
+    lab = rng.integers(0, clusters, n)
     x = centers[lab] + rng.standard_normal((n, DIM)).astype(np.float32)
     return x.astype(np.float32), lab
 
 
-def build(n: int, cache: str) -> tuple[Dataset, dict[str, np.ndarray], float]:
-    path = os.path.join(cache, f"retrieval-{n}")
-    x, lab = mixture(n, 1)
-    rng = np.random.default_rng(2)
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("rnd", pa.float64()),
+        ("corr", pa.float64()),
+        ("cl", pa.int64()),
+        ("body", pa.string()),
+        ("emb", pa.list_(pa.float32(), DIM)),
+    ]
+)
+
+
+def make_rows(n: int, start: int = 0, seed: int = 1) -> tuple[dict[str, np.ndarray], pa.Table]:
+    """``n`` rows with ids (and arrival seconds) from ``start``; attrs keep ``x``."""
+    x, lab = mixture(n, seed)
+    rng = np.random.default_rng(seed + 1)
     attrs = {
         "rnd": rng.random(n),
         "corr": lab + rng.random(n),
-        "ts_s": np.arange(n, dtype=np.int64),
+        "ts_s": np.arange(start, start + n, dtype=np.int64),
+        "cl": lab.astype(np.int64),
     }
     kw = {w: rng.random(n) < p for w, p in KEYWORDS.items()}
     attrs.update({f"kw_{w}": m for w, m in kw.items()})
-    if os.path.exists(os.path.join(path, "meta.json")):
-        t = time.perf_counter()
-        ds = Dataset.load(path)
-        return ds, attrs | {"x": x}, -(time.perf_counter() - t)
     body = [" ".join(["all"] + [w for w in KEYWORDS if kw[w][i]]) for i in range(n)]
-    schema = pa.schema(
-        [
-            ("id", pa.int64()),
-            ("ts", pa.timestamp("us", tz="UTC")),
-            ("rnd", pa.float64()),
-            ("corr", pa.float64()),
-            ("body", pa.string()),
-            ("emb", pa.list_(pa.float32(), DIM)),
-        ]
-    )
     ts = pa.array(attrs["ts_s"] * 1_000_000 + int(T0.timestamp() * 1_000_000), pa.int64()).cast(
         pa.timestamp("us", tz="UTC")
     )
     table = pa.table(
         {
-            "id": np.arange(n, dtype=np.int64),
+            "id": np.arange(start, start + n, dtype=np.int64),
             "ts": ts,
             "rnd": attrs["rnd"],
             "corr": attrs["corr"],
+            "cl": attrs["cl"],
             "body": body,
             "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), DIM),
         },
-        schema=schema,
+        schema=SCHEMA,
     )
+    return attrs | {"x": x}, table
+
+
+def build(n: int, cache: str) -> tuple[Dataset, dict[str, np.ndarray], float]:
+    path = os.path.join(cache, f"retrieval-v2-{n}")
+    attrs, table = make_rows(n)
+    if os.path.exists(os.path.join(path, "meta.json")):
+        t = time.perf_counter()
+        ds = Dataset.load(path)
+        return ds, attrs, -(time.perf_counter() - t)
     ds = Dataset.create(
         "bench",
-        schema,
+        SCHEMA,
         "id",
         {
             "emb": IndexSpec("hnsw", metric="l2", M=16, ef_construction=200, ef=128),
             "ts": "btree",
             "rnd": "btree",
             "corr": "btree",
+            "cl": "btree",
             "body": "inverted",
         },
         fold_rows=n + 1,  # one graph build for the bulk load
@@ -113,7 +128,7 @@ def build(n: int, cache: str) -> tuple[Dataset, dict[str, np.ndarray], float]:
     ds.flush()
     took = time.perf_counter() - t
     ds.save(path)
-    return ds, attrs | {"x": x}, took
+    return ds, attrs, took
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,25 @@ def points(a: dict[str, np.ndarray], n: int) -> list[Point]:
             (a["corr"] < 6.4) & a["kw_k10"],
         )
     )
+
+    # anti-correlated: whole clusters the queries never come from ('other sectors')
+    def cl_in(values: list[int]) -> tuple[Expr, np.ndarray]:
+        e = InList(Column("cl"), tuple(Literal(v, "int") for v in values))
+        return e, np.isin(a["cl"], values)
+
+    far10 = list(range(QUERY_CLUSTERS, QUERY_CLUSTERS + 7))  # 7 of 64 clusters: ~10.9 %
+    for name, vals in (
+        ("anti 100%", list(range(CLUSTERS))),  # a 64-value in that every row passes
+        ("anti 10%", far10),
+        ("anti 1.6%", [CLUSTERS - 1]),
+    ):
+        e, m = cl_in(vals)
+        out.append(Point(name, e, m))
+    e, m = cl_in(far10)
+    for s in (0.5, 0.1, 0.01):
+        out.append(Point(f"rnd{s:.0%}&anti10%", Binary("and", lt("rnd", s), e), (a["rnd"] < s) & m))
+    et, mt = recent(0.1)
+    out.append(Point("time10%&anti10%", Binary("and", et, e), mt & m))
     return out
 
 
@@ -394,6 +428,77 @@ def api_run(
     return out
 
 
+def folding_run(
+    ds: Dataset,
+    src: DatasetSource,
+    a: dict[str, np.ndarray],
+    n: int,
+    qs: np.ndarray,
+    m: int,
+    only: str | None,
+) -> list[tuple]:
+    """Queries issued while a bulk upsert of ``m`` fresh rows folds into the graph: the
+    upsert returns at once (``max_growing`` raised to ``m``), the background folder then
+    works through the growing segment while every point runs postfilter / prefilter
+    (guards off) and the optimizer, interleaved per query; truth covers all n + m rows."""
+    b, table = make_rows(m, start=n, seed=3)
+    a2 = {c: np.concatenate([a[c], b[c]]) for c in a}
+    x2 = a2["x"]
+    sq = np.einsum("ij,ij->i", x2, x2)
+    pts = [p for p in points(a2, n) if only is None or only in p.name]
+    print(f"ground truth over {n + m} rows for {len(pts)} points ...", flush=True)
+    gts = [truth(x2, sq, qs, p.mask) for p in pts]
+    ds.max_growing = max(ds.max_growing, m + 1)
+    for vi in ds.vectors.values():
+        vi.fold_rows = 2048
+    ds.background_fold, ds._closed = True, False
+    t = time.perf_counter()
+    for s0 in range(0, m, 20_000):
+        ds.upsert(table.slice(s0, 20_000))
+    print(
+        f"upserted {m} rows in {time.perf_counter() - t:.1f} s; growing {ds.growing()}", flush=True
+    )
+    t_fold = time.perf_counter()
+    names = ["postfilter", "prefilter", "optimizer"]
+    out = []
+    order = np.random.default_rng(5)
+    for p, gt in zip(pts, gts):
+        g0 = ds.growing()
+        lat: dict[str, list[float]] = {s: [] for s in names}
+        rec: dict[str, list[float]] = {s: [] for s in names}
+        filters = () if p.where is None else (p.where,)
+        for q, exp in zip(qs, gt):
+            for s in map(str, order.permutation(names)):
+                strat = None if s == "optimizer" else s
+                t = time.perf_counter()
+                table_, _ = src.search(
+                    "emb", q, K, filters, {}, ["id"], strategy=strat, guards=strat is None
+                )
+                lat[s].append(time.perf_counter() - t)
+                rec[s].append(recall(table_.column("id").to_numpy(), exp))
+        res = {
+            s: {"p50": float(np.median(lat[s]) * 1e3), "recall": float(np.mean(rec[s]))}
+            for s in names
+        }
+        ok = [v["p50"] for k, v in res.items() if k != "optimizer" and v["recall"] >= 0.95]
+        ratio = res["optimizer"]["p50"] / min(ok) if ok else float("nan")
+        out.append((p.name, g0, ds.growing(), res, ratio))
+        print(
+            f"{p.name:<16} growing {g0:>6}->{ds.growing():>6} | "
+            + " | ".join(f"{k[:6]} {v['p50']:7.3f}ms r{v['recall']:.3f}" for k, v in res.items())
+            + f" | opt/best {ratio:5.2f}x",
+            flush=True,
+        )
+    left, passed = ds.growing(), time.perf_counter() - t_fold
+    ds.wait_folded(600)
+    print(
+        f"folder: {m} rows, {left} still growing after the query pass ({passed:.1f} s), "
+        f"all folded {time.perf_counter() - t_fold:.1f} s after the upsert",
+        flush=True,
+    )
+    return out
+
+
 def _lancedb_version() -> str:
     import lancedb
 
@@ -420,6 +525,16 @@ def main() -> None:
     )
     ap.add_argument("--calibrate", action="store_true", help="re-measure unit costs first")
     ap.add_argument(
+        "--folding",
+        type=int,
+        default=0,
+        metavar="M",
+        help="then upsert M fresh rows and query every point while they fold (e.g. 100000)",
+    )
+    ap.add_argument(
+        "--folding-queries", type=int, default=50, help="queries per point during folding"
+    )
+    ap.add_argument(
         "--ef", type=int, default=128, help="HNSW search breadth (recall 0.977 at 128 here)"
     )
     args = ap.parse_args()
@@ -441,7 +556,7 @@ def main() -> None:
     )
     x = a["x"]
     sq = np.einsum("ij,ij->i", x, x)
-    qs, _ = mixture(args.queries, 99)
+    qs, _ = mixture(args.queries, 99, QUERY_CLUSTERS)
     src = DatasetSource("dataset://bench", ds)
     pts = [p for p in points(a, args.n) if args.only is None or args.only in p.name]
     print(f"computing ground truth for {len(pts)} points x {len(qs)} queries ...", flush=True)
@@ -533,7 +648,27 @@ def main() -> None:
             for p in pts:
                 r = lr[p.name]
                 print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
-    print("\nChroma: not run (not installed here).")
+    if args.folding:
+        print()
+        fr2 = folding_run(ds, src, a, args.n, qs[: args.folding_queries], args.folding, args.only)
+        print()
+        print(
+            f"## During folding: {args.folding} rows upserted at once into the {args.n}-row dataset, queried while the folder works ({args.folding_queries} queries per point); p50 ms (recall@10)"
+        )
+        print()
+        print(
+            "| point | growing rows | postfilter | prefilter | optimizer | opt / best fixed (recall>=0.95) |"
+        )
+        print("|---|---|---|---|---|---|")
+        for name, g0, g1, res, ratio in fr2:
+            cells = [
+                f"{res[s]['p50']:.3f} ({res[s]['recall']:.3f})"
+                for s in ("postfilter", "prefilter", "optimizer")
+            ]
+            print(f"| {name} | {g0}->{g1} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
+        print(
+            f"optimizer during folding: min recall@10 {min(r[3]['optimizer']['recall'] for r in fr2):.3f}, max p50 {max(r[3]['optimizer']['p50'] for r in fr2):.3f} ms"
+        )
 
 
 if __name__ == "__main__":

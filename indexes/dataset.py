@@ -54,7 +54,7 @@ class Dataset:
         background_fold: bool = True,
         max_growing: int = 50_000,
         fold_lock_ms: float = 10.0,
-        fold_yield_ms: float = 1.0,
+        fold_yield_ms: float = 2.0,
     ):
         if key not in schema.names:
             raise DatasetError(
@@ -105,8 +105,8 @@ class Dataset:
         self.max_growing = max_growing
         self.fold_lock_ms = fold_lock_ms
         # while queries run (one started in the last QUERY_ACTIVE_S) the folder yields: it
-        # takes the graph only at a moment no search holds it, for about fold_yield_ms,
-        # then rests as long, so a search waits ~fold_yield_ms / 4 on average
+        # takes the graph at a moment no search holds it (waiting up to 2 ms for one), for
+        # about fold_yield_ms, then rests half as long
         self.fold_yield_ms = fold_yield_ms
         self.query_at = -1e9  # time.monotonic() of the last search
         self._fold_wake = threading.Event()
@@ -321,7 +321,7 @@ class Dataset:
                 ids = np.arange(start, end)[self.alive[start:end]]
                 vecs = vi.vectors[ids]
             t0 = time.perf_counter()
-            with self.graph_lock.write(polite=0.05 if busy else 0.0):
+            with self.graph_lock.write(polite=0.002 if busy else 0.0):
                 if vi.folded != start:  # flush() folded meanwhile
                     continue
                 vi.timed_insert(ids, vecs)
@@ -335,7 +335,7 @@ class Dataset:
         with self._fold_cond:
             self._fold_cond.notify_all()
         if done:  # the lock prefers writers: step aside so waiting queries get in
-            time.sleep(held if busy else min(0.005, max(0.0005, held / 4)))
+            time.sleep(held / 2 if busy else min(0.005, max(0.0005, held / 4)))
         return done
 
     def wait_folded(self, timeout: float = 30.0) -> bool:
