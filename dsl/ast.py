@@ -160,6 +160,16 @@ class IsNull(Expr):
 
 
 @dataclass(frozen=True)
+class Exists(Expr):
+    """``exists(late where late.l_orderkey = o.o_orderkey)``: whether the stage ``late`` has
+    a row satisfying ``where`` (columns ``late.<col>`` are the stage's, others the
+    enclosing sources'). Without ``where`` the builder binds it as a parameter."""
+
+    stage: str
+    where: Expr | None = None
+
+
+@dataclass(frozen=True)
 class SortKey(Expr):
     expr: Expr
     descending: bool = False
@@ -259,6 +269,8 @@ def _lit(v: Any, t: str) -> str:
         return "'" + str(v).replace("'", "''") + "'"
     if t == "timestamp":
         return f"timestamp '{v.isoformat() if isinstance(v, _dt.datetime) else v}'"
+    if t == "date":
+        return f"date '{v.isoformat() if isinstance(v, _dt.date) else v}'"
     if t == "list":
         return (
             "["
@@ -284,7 +296,22 @@ def to_text(e: Expr, parent_prec: int = 0) -> str:
     if isinstance(e, Literal):
         return _lit(e.value, e.type)
     if isinstance(e, Param):
+        if e.name.startswith("stage:"):  # a stage's result (dsl.types.stage_param)
+            stage, _, what = e.name[6:].partition(":")
+            return f"exists({stage})" if what == "exists" else stage
         return f"{{{{session.{e.name}}}}}"
+    if isinstance(e, Exists):
+        return f"exists({e.stage}{' where ' + to_text(e.where) if e.where is not None else ''})"
+    if isinstance(e, Call) and e.name == "case":
+        a = e.args
+        whens = " ".join(
+            f"when {to_text(a[i])} then {to_text(a[i + 1])}" for i in range(0, len(a) - 1, 2)
+        )
+        default = f" else {to_text(a[-1])}" if len(a) % 2 else ""
+        return f"case {whens}{default} end"
+    if isinstance(e, Call) and e.name == "cast" and len(e.args) == 2:
+        t = e.args[1].value if isinstance(e.args[1], Literal) else e.args[1]
+        return f"cast({to_text(e.args[0])} as {t})"
     if isinstance(e, Call):
         inner = ", ".join(to_text(a) for a in e.args)
         return f"{e.name}({'distinct ' if e.distinct else ''}{inner})"

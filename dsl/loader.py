@@ -30,13 +30,17 @@ BINDING_KEYS = (
     "description",
     "session",
     "sources",
+    "stages",
     "select",
     "group_by",
+    "having",
     "order_by",
     "limit",
     "offset",
     "pushdown",
 )
+#: a stage is a binding without session, pushdown, description or stages of its own
+STAGE_KEYS = ("sources", "select", "group_by", "having", "order_by", "limit", "offset")
 SOURCE_KEYS = ("from", "where", "join", "latest_by", "freshness", "derive", "nearest")
 JOIN_KEYS = ("on", "how")
 NEAREST_KEYS = ("column", "to", "k", "metric")
@@ -155,6 +159,61 @@ def _binding(y: YamlText, doc: Any) -> BindingSpec:
     name = _name(y, doc, "binding", "binding name")
 
     session = collect(_session, y, doc) or ()
+    stages = collect(_stages, y, doc) or () if "stages" in doc else ()
+    body = _body(y, doc, collect)
+    pushdown = collect(_pushdown, y, doc) if "pushdown" in doc else None
+    description = (
+        collect(y.string, doc, "description", "description") if "description" in doc else None
+    )
+    if problems:
+        raise DslError(problems)
+    return BindingSpec(
+        name=name.value,
+        session=session,
+        stages=stages,
+        pushdown=pushdown,
+        description=description,
+        file=y.file,
+        span=y.node_span(doc),
+        name_span=name.span,
+        **body,
+    )
+
+
+def _stages(y: YamlText, doc: YamlMap) -> tuple[BindingSpec, ...]:
+    m = y.mapping(doc, "stages", "stages")
+    out, problems = [], []
+    for key in m:
+        try:
+            name = _key_name(y, m, key, "stage name")
+            sm = y.mapping(m, key, f"stage '{key}'")
+            y.check_keys(sm, STAGE_KEYS, f"stage '{key}'", ("sources",))
+            sub: list[Diagnostic] = []
+
+            def collect(fn, *args, sub=sub):
+                try:
+                    return fn(*args)
+                except DslError as e:
+                    sub.extend(y.with_source(e).diagnostics)
+                    return None
+
+            body = _body(y, sm, collect)
+            if sub:
+                raise DslError(sub)
+            out.append(
+                BindingSpec(
+                    name=name.value, file=y.file, span=name.span, name_span=name.span, **body
+                )
+            )
+        except DslError as e:
+            problems.extend(y.with_source(e).diagnostics)
+    if problems:
+        raise DslError(problems)
+    return tuple(out)
+
+
+def _body(y: YamlText, doc: YamlMap, collect: Any) -> dict[str, Any]:
+    """sources, select, group_by, having, order_by, limit, offset of a binding or a stage."""
     sources = collect(_sources, y, doc) or () if "sources" in doc else ()
     select = collect(_select, y, doc) if "select" in doc else ()
     group_by: tuple = ()
@@ -181,29 +240,28 @@ def _binding(y: YamlText, doc: Any) -> BindingSpec:
             )
             or ()
         )
+    having: tuple = ()
+    if "having" in doc:
+        having = (
+            collect(
+                lambda: tuple(
+                    _entry_parse(y, e, P.parse_expr, "having", what="having")
+                    for e in y.entries(doc, "having", mapping=False)
+                )
+            )
+            or ()
+        )
     limit = collect(y.integer, doc, "limit", "limit") if "limit" in doc else None
     offset = collect(y.integer, doc, "offset", "offset") if "offset" in doc else 0
-    pushdown = collect(_pushdown, y, doc) if "pushdown" in doc else None
-    description = (
-        collect(y.string, doc, "description", "description") if "description" in doc else None
-    )
-    if problems:
-        raise DslError(problems)
-    return BindingSpec(
-        name=name.value,
-        sources=sources,
-        session=session,
-        select=select or (),
-        group_by=group_by,
-        order_by=order_by,
-        limit=limit,
-        offset=offset or 0,
-        pushdown=pushdown,
-        description=description,
-        file=y.file,
-        span=y.node_span(doc),
-        name_span=name.span,
-    )
+    return {
+        "sources": sources,
+        "select": select or (),
+        "group_by": group_by,
+        "having": having,
+        "order_by": order_by,
+        "limit": limit,
+        "offset": offset or 0,
+    }
 
 
 def _session(y: YamlText, doc: YamlMap) -> tuple[SessionParam, ...]:

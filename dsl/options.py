@@ -134,17 +134,18 @@ def make_limits(items: Sequence[Option]) -> SandboxLimits:
 
 
 def check_uri(uri: str, span: Span | None) -> str:
-    """``<kind>://<connection>/<object>`` or ``dataset://<name>``."""
+    """``<kind>://<connection>/<object>``, ``dataset://<name>`` or ``stage://<name>``."""
     m = URI_RE.match(uri)
     if (
         not m
-        or (m.group(1) != "dataset" and not m.group(3))
-        or (m.group(1) == "dataset" and m.group(3))
+        or (m.group(1) not in ("dataset", "stage") and not m.group(3))
+        or (m.group(1) in ("dataset", "stage") and m.group(3))
     ):
         raise DslError.at(
             f"malformed source '{uri}'",
             span,
-            "write <kind>://<connection>/<object> (e.g. mysql://shop/merchants) or dataset://<name>",
+            "write <kind>://<connection>/<object> (e.g. mysql://shop/merchants), "
+            "dataset://<name> or stage://<name>",
         )
     return uri
 

@@ -41,7 +41,7 @@ from dsl.spec import (
     SessionParam,
     SourceSpec,
 )
-from dsl.types import ValueType, make_type
+from dsl.types import CAST_TYPES, CalendarInterval, ValueType, make_type, stage_param
 
 STARTS = ("expr_start", "select_start", "sort_start", "exprs_start", "type_start", "binding_start")
 
@@ -116,15 +116,16 @@ def _tsp(tok: Token) -> Span | None:
 # ------------------------------------------------------------------ literals
 
 _INTERVAL_PART = re.compile(
-    r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(milliseconds?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d|weeks?|w)(?![a-z])\s*",
+    r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(milliseconds?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d|weeks?|w|months?|mons?|years?|yrs?|y)(?![a-z])\s*",
     re.I,
 )
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_interval(text: str, span: Span | None) -> dt.timedelta:
-    """``'5 minutes'``, ``'1 hour 30 minutes'``, ``'500 ms'``, ``'2 days'``."""
-    pos, total = 0, 0.0
+def parse_interval(text: str, span: Span | None) -> dt.timedelta | CalendarInterval:
+    """``'5 minutes'``, ``'1 hour 30 minutes'``, ``'500 ms'``, ``'2 days'``; with months or
+    years (``'3 months'``, ``'1 year'``) a ``CalendarInterval`` (a month has no fixed length)."""
+    pos, total, months = 0, 0.0, 0
     while pos < len(text):
         m = _INTERVAL_PART.match(text, pos)
         if not m or m.end() == pos:
@@ -134,11 +135,23 @@ def parse_interval(text: str, span: Span | None) -> dt.timedelta:
                 "write e.g. interval '5 minutes', '1 hour 30 minutes', '500 ms', '2 days'",
             )
         unit = m.group(2).lower()
-        key = "ms" if unit.startswith(("milli", "ms")) else unit[0]
-        total += float(m.group(1)) * _UNIT_SECONDS[key]
+        if unit.startswith(("mon", "y")):
+            n = float(m.group(1))
+            if n != int(n):
+                raise DslError.at(
+                    f"cannot read interval '{text}': months and years must be whole numbers",
+                    span,
+                    "write e.g. interval '3 months' or '1 year'",
+                )
+            months += int(n) * (12 if unit.startswith("y") else 1)
+        else:
+            key = "ms" if unit.startswith(("milli", "ms")) else unit[0]
+            total += float(m.group(1)) * _UNIT_SECONDS[key]
         pos = m.end()
     if pos == 0:
         raise DslError.at("empty interval", span, "write e.g. interval '5 minutes'")
+    if months:
+        return CalendarInterval(months, dt.timedelta(seconds=total))
     return dt.timedelta(seconds=total)
 
 
@@ -152,6 +165,15 @@ def parse_timestamp(text: str, span: Span | None) -> dt.datetime:
             "write an ISO-8601 time, e.g. timestamp '2024-05-01T09:30:00Z'",
         ) from None
     return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+
+
+def parse_date(text: str, span: Span | None) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text.strip())
+    except ValueError:
+        raise DslError.at(
+            f"cannot read date '{text}'", span, "write an ISO-8601 date, e.g. date '1994-01-01'"
+        ) from None
 
 
 def _unquote(tok: str) -> str:
@@ -256,6 +278,41 @@ class _ToAst(Transformer):
         span = _sp(meta)
         return A.Literal(parse_timestamp(_unquote(str(c[1])), span), "timestamp", span=span)
 
+    def date_lit(self, meta, c):
+        span = _sp(meta)
+        return A.Literal(parse_date(_unquote(str(c[1])), span), "date", span=span)
+
+    # ---- case, cast, subqueries
+    def when_then(self, meta, c):
+        return (c[1], c[3])
+
+    def case(self, meta, c):
+        span = _sp(meta)
+        operand = c[1]
+        pairs = [x for x in c[2:] if isinstance(x, tuple)]
+        default = c[-2]
+        args: list[A.Expr] = []
+        for cond, result in pairs:
+            # `case x when 1 then ...` is `case when x = 1 then ...`
+            args += [A.Binary("=", operand, cond, span=cond.span) if operand else cond, result]
+        if default is not None:
+            args.append(default)
+        return A.Call("case", tuple(args), span=span)
+
+    def cast(self, meta, c):
+        t: ValueType = c[3]
+        if t.kind not in CAST_TYPES:
+            raise DslError.at(
+                f"cannot cast to {t}", _sp(meta), f"cast to one of: {', '.join(CAST_TYPES)}"
+            )
+        return A.Call("cast", (c[1], A.Literal(str(t), "str")), span=_sp(meta))
+
+    def exists(self, meta, c):
+        return A.Exists(c[1].value, c[3], span=_sp(meta))
+
+    def in_stage(self, meta, c):
+        return A.Param(stage_param(c[0].value, "list"), span=c[0].span)
+
     def list_lit(self, meta, c):
         items = [x for x in c if x is not None]
         span = _sp(meta)
@@ -339,6 +396,10 @@ class _ToAst(Transformer):
         if isinstance(arg, Token):
             arg = int(arg)
         return make_type(c[0].value, arg, _sp(meta))
+
+    def type_args(self, meta, c):
+        args = tuple(int(x) for x in c[1:] if x is not None)
+        return make_type(c[0].value, args, _sp(meta))
 
     # ---- compact text form
     def binding_name(self, meta, c):
@@ -442,6 +503,16 @@ class _ToAst(Transformer):
         on = c[6]
         return ("source", self._source(meta, c[2], c[4], c[7:], JoinSpec(on, how, span=on.span)))
 
+    def with_clause(self, meta, c):
+        return ("stages", tuple(c[1:]))
+
+    def stage_def(self, meta: Any, c: list[Any]) -> BindingSpec:
+        name: Name = c[0]
+        return self._spec(meta, c[2:], name)
+
+    def having_clause(self, meta, c):
+        return ("having", (c[1],))
+
     def select_clause(self, meta, c):
         return ("select", c[1])
 
@@ -476,6 +547,13 @@ class _ToAst(Transformer):
 
     def binding_start(self, meta: Any, c: list[Any]) -> BindingSpec:
         kw: dict[str, Any] = {}
+        for item in c:
+            if item is not None and item[0] == "name":
+                kw["name"] = item[1]
+        return self._spec(meta, [x for x in c if x is None or x[0] != "name"], kw.get("name"))
+
+    def _spec(self, meta: Any, c: list[Any], name: Name | None) -> BindingSpec:
+        kw: dict[str, Any] = {}
         sources = []
         for item in c:
             if item is None:
@@ -487,7 +565,6 @@ class _ToAst(Transformer):
                 kw["limit"], kw["offset"] = val
             else:
                 kw[key] = val
-        name = kw.pop("name", None)
         pos = _ctx.pos
         return BindingSpec(
             name=name.value if name else "query",
@@ -586,7 +663,11 @@ _OPERAND_START = {
     "FALSE",
     "INTERVAL",
     "TIMESTAMP",
+    "DATE",
     "STAR",
+    "CASE",
+    "CAST",
+    "EXISTS",
 }
 
 

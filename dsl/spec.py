@@ -118,11 +118,16 @@ class PushdownSpec:
 
 @dataclass(frozen=True)
 class BindingSpec:
+    """A binding; also a stage inside one (``stages:``), which has no session, pushdown,
+    description or stages of its own: it sees the binding's session and earlier stages."""
+
     name: str
     sources: tuple[SourceSpec, ...]
     session: tuple[SessionParam, ...] = ()
     select: tuple[SelectItem, ...] = ()
     group_by: tuple[Expr, ...] = ()
+    having: tuple[Expr, ...] = ()
+    stages: tuple[BindingSpec, ...] = ()
     order_by: tuple[SortKey, ...] = ()
     limit: int | None = None
     offset: int = 0

@@ -12,6 +12,7 @@ timestamps timezone-aware ``datetime`` in UTC). It never turns a value into quer
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +23,11 @@ import pyarrow as pa
 
 from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 
-SCALAR_TYPES = ("int", "float", "str", "bool", "timestamp", "date", "bytes")
+SCALAR_TYPES = ("int", "float", "decimal", "str", "bool", "timestamp", "date", "interval", "bytes")
 PARAM_TYPES = (*SCALAR_TYPES, "list", "vector", "encrypted")
+#: the types ``cast(x as T)`` converts to
+CAST_TYPES = ("int", "float", "decimal", "str", "bool", "date", "timestamp")
+DEFAULT_DECIMAL = (38, 9)
 _ALIASES = {
     "integer": "int",
     "bigint": "int",
@@ -34,18 +38,90 @@ _ALIASES = {
     "boolean": "bool",
     "datetime": "timestamp",
     "binary": "bytes",
+    "numeric": "decimal",
+    "varchar": "str",
 }
+
+
+def stage_param(stage: str, what: str) -> str:
+    """The name of the bound parameter that carries a stage's result into an expression:
+    ``stage:NAME.col`` (its one value), ``stage:NAME:list`` (its one column's values),
+    ``stage:NAME:exists`` (whether it has rows). Session value names cannot hold ':'."""
+    return f"stage:{stage}.{what}" if what not in ("list", "exists") else f"stage:{stage}:{what}"
+
+
+def is_stage_param(name: str) -> bool:
+    return name.startswith("stage:")
+
+
+@dataclass(frozen=True)
+class CalendarInterval:
+    """An interval with months (``interval '3 months'``, ``'1 year 2 days'``): a month has no
+    fixed length, so it is kept apart from the time part. ``date + interval`` adds the months
+    first (the day is clamped to the month's end, as SQL), then the time part."""
+
+    months: int
+    delta: dt.timedelta = dt.timedelta(0)
+
+    def __str__(self) -> str:
+        y, m = divmod(abs(self.months), 12)
+        sign = "-" if self.months < 0 else ""
+        parts = [f"{sign}{y} year{'s' if y != 1 else ''}"] if y else []
+        if m:
+            parts.append(f"{sign}{m} month{'s' if m != 1 else ''}")
+        secs = self.delta.total_seconds()
+        if secs:
+            parts.append(f"{int(secs) if secs == int(secs) else secs} seconds")
+        return " ".join(parts)
+
+    def __neg__(self) -> CalendarInterval:
+        return CalendarInterval(-self.months, -self.delta)
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, CalendarInterval):
+            return CalendarInterval(self.months + other.months, self.delta + other.delta)
+        if isinstance(other, dt.timedelta):
+            return CalendarInterval(self.months, self.delta + other)
+        if isinstance(other, dt.date):
+            return self.shift(other)
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __rsub__(self, other: Any) -> Any:
+        if isinstance(other, dt.date):
+            return (-self).shift(other)
+        if isinstance(other, dt.timedelta):
+            return CalendarInterval(-self.months, other - self.delta)
+        return NotImplemented
+
+    def shift(self, v: dt.date) -> dt.date:
+        import calendar
+
+        i = v.year * 12 + (v.month - 1) + self.months
+        year, month = divmod(i, 12)
+        day = min(v.day, calendar.monthrange(year, month + 1)[1])
+        out = v.replace(year=year, month=month + 1, day=day)
+        if not self.delta:
+            return out
+        if type(out) is dt.date and self.delta % dt.timedelta(days=1):
+            out = dt.datetime(out.year, out.month, out.day)
+        return out + self.delta
 
 
 @dataclass(frozen=True)
 class ValueType:
-    """``kind`` is one of PARAM_TYPES; ``size`` for vector/encrypted; ``item`` for list."""
+    """``kind`` is one of PARAM_TYPES; ``size`` for vector/encrypted (and a decimal's
+    precision, with ``scale``); ``item`` for list."""
 
     kind: str
     size: int | None = None
     item: ValueType | None = None
+    scale: int | None = None
 
     def __str__(self) -> str:
+        if self.kind == "decimal" and self.size is not None:
+            return f"decimal({self.size},{self.scale or 0})"
         if self.kind == "list":
             return f"list[{self.item}]"
         if self.kind in ("vector", "encrypted"):
@@ -63,6 +139,11 @@ class ValueType:
             return pa.int64()
         if k == "float":
             return pa.float64()
+        if k == "decimal":
+            p, s = (self.size, self.scale or 0) if self.size is not None else DEFAULT_DECIMAL
+            return pa.decimal128(p, s)
+        if k == "interval":
+            return pa.duration("us")
         if k == "str":
             return pa.string()
         if k == "bool":
@@ -80,13 +161,36 @@ class ValueType:
 
 
 def make_type(
-    kind: str, arg: int | ValueType | None, span: Span | None, *, allow_encrypted: bool = True
+    kind: str,
+    arg: int | ValueType | tuple[int, ...] | None,
+    span: Span | None,
+    *,
+    allow_encrypted: bool = True,
 ) -> ValueType:
     """Validate a parsed type (``name[arg]``); raises DslError at ``span``."""
     kind = _ALIASES.get(kind.lower(), kind.lower())
     kinds = PARAM_TYPES if allow_encrypted else tuple(k for k in PARAM_TYPES if k != "encrypted")
     if kind not in kinds:
         raise DslError.at(f"unknown type '{kind}'", span, did_you_mean(kind, kinds, "types"))
+    if kind == "decimal":
+        if arg is None:
+            return ValueType("decimal")
+        args = arg if isinstance(arg, tuple) else (arg,)
+        if (
+            not all(isinstance(a, int) and not isinstance(a, bool) for a in args)
+            or not 1 <= args[0] <= 38
+            or len(args) > 2
+            or (len(args) == 2 and not 0 <= args[1] <= args[0])
+        ):
+            raise DslError.at(
+                "type 'decimal' takes (precision[, scale]) with 1 <= precision <= 38 and "
+                "0 <= scale <= precision",
+                span,
+                "e.g. decimal(15,2)",
+            )
+        return ValueType("decimal", size=args[0], scale=args[1] if len(args) == 2 else 0)
+    if isinstance(arg, tuple):
+        raise DslError.at(f"type '{kind}' takes no (...) arguments", span, "only decimal(p,s) does")
     if kind in ("vector", "encrypted"):
         if not isinstance(arg, int) or isinstance(arg, bool) or arg <= 0:
             raise DslError.at(f"type '{kind}' needs a positive size, e.g. {kind}[384]", span)
@@ -153,6 +257,34 @@ def coerce_value(t: ValueType, v: Any, name: str) -> Any:
         if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
             raise ValueError(f"expected float, got {_describe(v)}")
         return float(v)
+    if k == "decimal":
+        if isinstance(v, bool) or not isinstance(
+            v, int | float | str | decimal.Decimal | np.integer
+        ):
+            raise ValueError(f"expected decimal, got {_describe(v)}")
+        try:
+            d = decimal.Decimal(str(v)) if not isinstance(v, decimal.Decimal) else v
+        except decimal.InvalidOperation:
+            raise ValueError(f"expected a decimal number, got {v!r}") from None
+        if not d.is_finite():
+            raise ValueError(f"expected a finite decimal, got {v!r}")
+        if t.size is not None:
+            q = d.quantize(decimal.Decimal(1).scaleb(-(t.scale or 0)))
+            if len(q.as_tuple().digits) > t.size:
+                raise ValueError(f"{v!r} does not fit {t}")
+            d = q
+        return d
+    if k == "interval":
+        if isinstance(v, dt.timedelta | CalendarInterval):
+            return v
+        if isinstance(v, str):
+            from dsl.parser import parse_interval
+
+            try:
+                return parse_interval(v, None)
+            except DslError:
+                raise ValueError(f"expected an interval such as '5 minutes', got {v!r}") from None
+        raise ValueError(f"expected interval (timedelta or text like '3 days'), got {_describe(v)}")
     if k == "str":
         if not isinstance(v, str):
             raise ValueError(f"expected str, got {_describe(v)}")
@@ -311,6 +443,10 @@ def infer_type(v: Any) -> ValueType:
         return ValueType("timestamp")
     if isinstance(v, dt.date):
         return ValueType("date")
+    if isinstance(v, decimal.Decimal):
+        return ValueType("decimal")
+    if isinstance(v, dt.timedelta | CalendarInterval):
+        return ValueType("interval")
     if isinstance(v, bytes):
         return ValueType("bytes")
     if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind == "f":

@@ -46,6 +46,7 @@ from dsl.ast import Binary, Call, Column, Expr, InList, Param, conjuncts, unqual
 from dsl.ast import replace as replace_expr
 from fabric import functions
 from fabric.execute import freshness as _fresh
+from fabric.execute import stages as _stages
 from fabric.execute.errors import QueryError
 from fabric.execute.sql import Rel, SqlBuilder, UnresolvedColumn, quote, resolve, substitute
 from fabric.optimizer._util import units as _units
@@ -60,8 +61,12 @@ from fabric.plan.nodes import (
     Project,
     Scan,
     Sort,
+    Stage,
+    StageRef,
+    StageResult,
     UserFunction,
     VectorSearch,
+    WithStages,
 )
 from fabric.result import Result
 
@@ -287,11 +292,14 @@ class _Run:
         self._inner: list[cf.Future[pa.Table]] = []  # pool futures of dependent units
         self._lock = threading.Lock()
         self.timeout = float(getattr(catalog, "scan_timeout", None) or DEFAULT_TIMEOUT)
+        self.stage_tables: dict[str, pa.Table] = {}  # results of the stages run so far
 
     # ------------------------------------------------------------ driver
     def run(self) -> Result:
         t0 = time.perf_counter()
-        missing = sorted(self.shape.params.difference(self.params))
+        missing = sorted(
+            p for p in self.shape.params.difference(self.params) if not p.startswith("stage:")
+        )
         if missing:
             raise QueryError(
                 self.binding,
@@ -300,7 +308,14 @@ class _Run:
             )
         self.deadline = time.monotonic() + self.timeout * (1 + self.shape.depth)
         order = self.shape.order
-        if len(order) == 1 and self._inline(order[0]):
+        if isinstance(self.plan, WithStages):
+            try:
+                table = self._run_stages(self.plan)
+            finally:
+                self._cancelled = True
+                for fut in (*self.futures.values(), *self._inner):
+                    fut.cancel()
+        elif len(order) == 1 and self._inline(order[0]):
             self._run_inline(order[0])
             table = self._eval(self.plan)
         else:
@@ -328,6 +343,42 @@ class _Run:
         return Result(
             table, self.freshness, stats, explain, self.waited, self.partial, self.binding
         )
+
+    def _run_stages(self, root: WithStages) -> pa.Table:
+        """The stages first, in order, then the plan: a source unit starts as soon as the
+        stages its filters use are done (the others start at once)."""
+        requires = {
+            a: _stages.unit_requires(self.shape.leaves[a], self.shape.chains[a])
+            for a in self.shape.order
+        }
+        done: set[str] = set()
+
+        def start_ready() -> None:
+            for alias in self.shape.order:
+                if (
+                    alias not in self.futures
+                    and requires[alias] <= done
+                    and all(d in self.futures for d in self.shape.deps[alias])
+                ):
+                    self._schedule(alias)
+
+        start_ready()
+        for st in root.stages:
+            t0 = time.perf_counter()
+            table = self._eval(st.input)
+            self.stage_tables[st.name] = table
+            try:
+                self.params.update(_stages.bind(st.name, table, self.shape.params))
+            except ValueError as e:
+                raise QueryError(
+                    self.binding,
+                    str(e),
+                    hint="give the stage one row (an aggregate without group_by, or limit: 1)",
+                ) from None
+            self._record(st, table.num_rows, t0)
+            done.add(st.name)
+            start_ready()
+        return self._eval(root.input)
 
     def _inline(self, alias: str) -> bool:
         """A lone unit over an in-process source runs on the caller's thread (no hop)."""
@@ -618,6 +669,13 @@ class _Run:
         t0 = time.perf_counter()
         if isinstance(node, Derive | Filter | Project | Sort | Limit):
             table = self._apply_unary(node, self._eval(node.input))
+        elif isinstance(node, StageRef):
+            table = self._eval(node.input)
+            table = table.rename_columns(node.schema.names)
+        elif isinstance(node, Stage):
+            table = self._eval(node.input)
+        elif isinstance(node, StageResult):
+            table = self.stage_tables[node.name]
         elif isinstance(node, UserFunction):
             table = self._user_function(node, self._eval(node.input))
         elif isinstance(node, EncryptedScore):
@@ -645,6 +703,8 @@ class _Run:
         res = self._resolver(child, table)
         exprmap = _exprmap(child)
         try:
+            if isinstance(node, Filter) and _stages.has_exists(node.predicate):
+                return self._sql_over(node, table)  # a correlated exists: DuckDB
             if isinstance(node, Filter):
                 return functions.filter_table(
                     table,
@@ -687,9 +747,7 @@ class _Run:
                 return table.take(idx)
             if isinstance(node, Limit):
                 return table.slice(node.offset, node.n)
-        except (NotTranslatable, pa.ArrowNotImplementedError) as e:
-            if isinstance(node, Derive):
-                raise QueryError(self.binding, f"cannot compute {node.header()}: {e}") from e
+        except (NotTranslatable, pa.ArrowNotImplementedError):
             return self._sql_over(node, table)
         raise QueryError(self.binding, f"cannot execute plan node {type(node).__name__}")
 
@@ -700,7 +758,7 @@ class _Run:
 
     def _sql_over(self, node: Plan, table: pa.Table) -> pa.Table:
         """One unary node over an Arrow table, in DuckDB (expressions pyarrow lacks)."""
-        b = SqlBuilder(self.params, self.now)
+        b = _stages.StageSql(self.params, self.now, self.stage_tables)
         rel = b.table(table)
         rel.exprmap = _exprmap(node.children()[0])
         out = self._compile_unary(b, node, rel).materialized(b.alias())
@@ -708,7 +766,7 @@ class _Run:
 
     # ------------------------------------------------------------ DuckDB regions
     def _sql(self, node: Plan) -> pa.Table:
-        b = SqlBuilder(self.params, self.now)
+        b = _stages.StageSql(self.params, self.now, self.stage_tables)
         joins: list[tuple[Plan, Rel]] = []
         rel = self._compile(b, node, joins).materialized(b.alias())  # waits for the inputs
         if self.analyze:

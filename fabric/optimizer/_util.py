@@ -6,7 +6,7 @@ from typing import Any
 
 from connectors.base import Pushdown, Source
 from dsl.ast import Expr
-from fabric.plan.nodes import Derive, Filter, Plan, Scan, VectorSearch
+from fabric.plan.nodes import Derive, Filter, Plan, Scan, StageRef, VectorSearch
 
 
 def source_of(catalog: Any, uri: str) -> Source | None:
@@ -34,8 +34,11 @@ def capabilities(catalog: Any, uri: str) -> frozenset[str]:
 
 
 def aliases(plan: Plan) -> set[str]:
-    """Source aliases read below ``plan``."""
-    return {p.alias for p in plan.walk() if isinstance(p, Scan | VectorSearch)}
+    """Source aliases read below ``plan`` (a stage used as a source is one alias: the
+    sources inside it are not visible to the plan above)."""
+    if isinstance(plan, Scan | VectorSearch | StageRef):
+        return {plan.alias}
+    return set().union(*(aliases(c) for c in plan.children()))
 
 
 def derived_names(plan: Plan) -> set[str]:

@@ -21,7 +21,9 @@ list what exists (sources, columns, session values, functions).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -30,7 +32,7 @@ import pyarrow as pa
 from dsl import ast as A
 from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.spec import BindingSpec, SourceSpec
-from dsl.types import ValueType
+from dsl.types import ValueType, is_stage_param, stage_param
 from fabric.plan import nodes as N
 from fabric.plan.types import (
     ENCRYPTED,
@@ -44,8 +46,112 @@ from fabric.plan.types import (
 
 
 def build(spec: BindingSpec, catalog: Any) -> N.Plan:
-    """The logical plan of ``spec``; raises DslError with every problem found."""
-    return _Builder(spec, catalog).build()
+    """The logical plan of ``spec``; raises DslError with every problem found.
+
+    Stages are built first, in order, each seeing the binding's session and the stages
+    before it. A stage used as a source becomes a ``StageRef`` subtree; the stages used in
+    expressions (exists, in, values) are computed first under a ``WithStages`` root."""
+    stages: dict[str, _StageInfo] = {}
+    used: list[str] = []  # stages used in expressions, then also those read more than once
+    problems: list[Diagnostic] = []
+    _check_names(spec, problems)
+    if problems:
+        raise DslError(problems)
+    for st in spec.stages:
+        sub = dataclasses.replace(st, session=spec.session, file=spec.file)
+        try:
+            plan = _Builder(sub, catalog, stages, used).build()
+        except DslError as e:
+            problems.extend(e.diagnostics)
+            continue
+        stages[st.name] = _StageInfo(st, plan, _one_row(st))
+    if problems:
+        raise DslError(problems)
+    plan = _Builder(spec, catalog, stages, used).build()
+    reads: dict[str, int] = {}
+    for p in (plan, *(stages[n].plan for n in used)):
+        for node in p.walk():
+            if isinstance(node, N.StageRef):
+                reads[node.stage] = reads.get(node.stage, 0) + 1
+    shared = {n for n in stages if n in used or reads.get(n, 0) > 1}
+    if not shared:
+        return plan
+
+    # a stage computed once: every stage:// source of it reads its result
+    def once(p: N.Plan) -> N.Plan:
+        if isinstance(p, N.StageRef) and p.stage in shared:
+            return dataclasses.replace(p, input=N.StageResult(p.stage, p.input.schema))
+        ch = p.children()
+        return p.with_children(*(once(c) for c in ch)) if ch else p
+
+    return N.WithStages(
+        once(plan), tuple(N.Stage(once(stages[n].plan), n) for n in stages if n in shared)
+    )
+
+
+@dataclass(frozen=True)
+class _StageInfo:
+    spec: BindingSpec
+    plan: N.Plan
+    one_row: bool
+
+    @property
+    def columns(self) -> dict[str, pa.DataType]:
+        return {f.name: f.type for f in self.plan.schema}
+
+
+def _one_row(st: BindingSpec) -> bool:
+    """A stage that returns at most one row: aggregates without group_by, or limit <= 1."""
+    if st.limit is not None and st.limit <= 1:
+        return True
+    return not st.group_by and any(_has_agg(i.expr) for i in st.select)
+
+
+def _check_names(spec: BindingSpec, problems: list[Diagnostic]) -> None:
+    """Stage names and source aliases are unique across the whole binding."""
+    seen: dict[str, str] = {}
+    for st in spec.stages:
+        if st.name in seen:
+            problems.append(
+                Diagnostic(f"stage '{st.name}' is declared twice", st.name_span, "rename one")
+            )
+        seen[st.name] = "a stage"
+    for owner in (*spec.stages, spec):
+        where = f"stage '{owner.name}'" if owner is not spec else "the binding"
+        for s in owner.sources:
+            a = s.alias.value
+            if a in seen and seen[a] != f"a source of {where}":
+                problems.append(
+                    Diagnostic(
+                        f"source alias '{a}' in {where} is already {seen[a]}",
+                        s.alias.span,
+                        "aliases are unique across the binding and its stages: rename it (as x)",
+                    )
+                )
+            seen.setdefault(a, f"a source of {where}")
+
+
+class _StageValue(ValueType):
+    """The type of a stage result bound as a parameter (its arrow type as computed)."""
+
+    def __init__(self, kind: str, arrow_type: pa.DataType):
+        super().__init__(kind)
+        object.__setattr__(self, "_arrow", arrow_type)
+
+    def arrow(self) -> pa.DataType:
+        return self._arrow  # type: ignore[attr-defined,no-any-return]
+
+
+@dataclass(frozen=True)
+class _StageView:
+    """What a ``stage://NAME`` source looks like to the builder (a catalog view's shape)."""
+
+    uri: str
+    schema: pa.Schema
+    kind: str = "stage"
+    capabilities: frozenset[str] = frozenset()
+    is_dataset: bool = False
+    dataset: Any = None
 
 
 def _agg_calls(e: A.Expr) -> list[A.Call]:
@@ -75,10 +181,18 @@ def _encrypted_params(e: A.Expr, params: dict[str, ValueType]) -> list[A.Param]:
 
 
 class _Builder:
-    def __init__(self, spec: BindingSpec, catalog: Any):
+    def __init__(
+        self,
+        spec: BindingSpec,
+        catalog: Any,
+        stages: dict[str, _StageInfo] | None = None,
+        used: list[str] | None = None,
+    ):
         self.spec = spec
         self.catalog = catalog
-        self.params = spec.session_types
+        self.stages: dict[str, _StageInfo] = stages if stages is not None else {}
+        self.used: list[str] = used if used is not None else []  # stages used in expressions
+        self.params: dict[str, ValueType] = spec.session_types
         self.problems: list[Diagnostic] = []
         # alias -> {column name -> type}, in declaration order (derived columns included)
         self.cols: dict[str, dict[str, pa.DataType]] = {}
@@ -119,7 +233,113 @@ class _Builder:
                 )
             return None
 
-        return A.replace(e, fix)
+        return A.replace(e, fix, pre=partial(self._subquery, scope=scope, local=local, what=what))
+
+    # ---- stages in expressions
+    def _stage(self, name: str, span: Span | None) -> _StageInfo:
+        info = self.stages.get(name)
+        if info is None:
+            raise DslError.at(
+                f"unknown stage '{name}'",
+                span,
+                did_you_mean(name, self.stages, "stages")
+                if self.stages
+                else "declare it under stages: (before the stage or binding that uses it)",
+            )
+        if name not in self.used:
+            self.used.append(name)
+        return info
+
+    def _subquery(
+        self, n: A.Expr, *, scope: list[str], local: str | None, what: str
+    ) -> A.Expr | None:
+        """Stage references (top-down, before columns are qualified): ``exists(S ...)``,
+        ``x in S`` and the value ``S.col`` of a one-row stage."""
+        if isinstance(n, A.Exists):
+            if not what.startswith(("where", "having")):
+                raise DslError.at(
+                    f"exists() is not allowed in {what}",
+                    n.span,
+                    "use exists() in where or having",
+                )
+            info = self._stage(n.stage, n.span)
+            if n.where is None:
+                name = stage_param(n.stage, "exists")
+                self.params[name] = _StageValue("bool", pa.bool_())
+                return A.Param(name, span=n.span)
+            cond = self._correlated(n, info, scope, local, what)
+            return A.Exists(n.stage, cond, span=n.span)
+        if isinstance(n, A.Param) and is_stage_param(n.name):
+            stage = n.name[6:].partition(":")[0]
+            info = self._stage(stage, n.span)
+            cols = info.columns
+            if len(cols) != 1:
+                raise DslError.at(
+                    f"'in {stage}' needs a stage with one column; '{stage}' has {len(cols)} "
+                    f"({', '.join(cols)})",
+                    n.span,
+                    f"select one column in stage '{stage}', or use exists({stage} where ...)",
+                )
+            t = next(iter(cols.values()))
+            self.params[n.name] = _StageValue("list", pa.list_(t))
+            return None
+        if (
+            isinstance(n, A.Column)
+            and n.source in self.stages
+            and n.source not in scope
+            and not (local and self._has(local, f"{n.source}.{n.name}"))
+        ):
+            info = self._stage(n.source, n.span)
+            cols = info.columns
+            if n.name not in cols:
+                raise DslError.at(
+                    f"stage '{n.source}' has no column '{n.name}'",
+                    n.span,
+                    did_you_mean(n.name, cols, "columns"),
+                )
+            if not info.one_row:
+                raise DslError.at(
+                    f"stage '{n.source}' is used as a value, but it can return several rows",
+                    n.span,
+                    f"make it one row (an aggregate without group_by, or limit: 1), or join it: "
+                    f"from: stage://{n.source}",
+                )
+            name = stage_param(n.source, n.name)
+            self.params[name] = _StageValue(name_of(cols[n.name]), cols[n.name])
+            return A.Param(name, span=n.span)
+        return None
+
+    def _correlated(
+        self, n: A.Exists, info: _StageInfo, scope: list[str], local: str | None, what: str
+    ) -> A.Expr:
+        """The condition of ``exists(S where COND)``: ``S.col`` (or an unqualified column
+        the stage has) is the stage's; other columns are the enclosing sources'."""
+        cols = info.columns
+        assert n.where is not None
+
+        def fix(c: A.Expr) -> A.Expr | None:
+            if not isinstance(c, A.Column):
+                return None
+            if c.source == n.stage or (c.source is None and c.name in cols):
+                if c.name not in cols:
+                    raise DslError.at(
+                        f"stage '{n.stage}' has no column '{c.name}'",
+                        c.span,
+                        did_you_mean(c.name, cols, "columns"),
+                    )
+                return A.Column(c.name, n.stage, span=c.span)
+            return self._column(c, scope, local if c.source is None else None, what)
+
+        def pre(c: A.Expr) -> A.Expr | None:
+            if isinstance(c, A.Column) and c.source == n.stage:
+                return fix(c)
+            return self._subquery(c, scope=scope, local=local, what=what)
+
+        cond = A.replace(n.where, fix, pre=pre)
+        env = self.env([a for a in scope if a in self.cols])
+        env = Env({**env.columns, **{f"{n.stage}.{c}": t for c, t in cols.items()}}, self.params)
+        self.check_bool(cond, env, f"the condition of exists({n.stage})")
+        return cond
 
     def _column(self, c: A.Column, scope: list[str], local: str | None, what: str) -> A.Column:
         if c.source is not None:
@@ -179,6 +399,26 @@ class _Builder:
             )
         return A.Column(name, alias, span=c.span)
 
+    def resolve(self, uri: str, span: Span | None) -> Any:
+        """The planning view of a source: the catalog's, or a stage's output."""
+        if uri.startswith("stage://"):
+            name = uri[len("stage://") :]
+            info = self._stage_source(name, span)
+            return _StageView(uri, info.plan.schema)
+        return self.catalog.resolve(uri, span)
+
+    def _stage_source(self, name: str, span: Span | None) -> _StageInfo:
+        info = self.stages.get(name)
+        if info is None:
+            raise DslError.at(
+                f"unknown stage '{name}'",
+                span,
+                did_you_mean(name, self.stages, "stages")
+                if self.stages
+                else "declare it under stages: (before the stage or binding that uses it)",
+            )
+        return info
+
     def spec_aliases(self) -> list[str]:
         return [s.alias.value for s in self.spec.sources]
 
@@ -229,7 +469,7 @@ class _Builder:
                     )
                 )
             seen[s.alias.value] = s
-            view = self.attempt(partial(self.catalog.resolve, s.uri, s.uri_span))
+            view = self.attempt(partial(self.resolve, s.uri, s.uri_span))
             if view is not None:
                 self.views[s.alias.value] = view
                 self.cols[s.alias.value] = _columns(view.schema, self.nested, s.alias.value)
@@ -314,9 +554,11 @@ class _Builder:
                 self.check_no_agg(e, "where")
                 self.check_not_encrypted(e, "where")
                 self.check_bool(e, self.env(), "where")
-                refs = A.sources_of(e)
+                refs = A.sources_of(e) - set(self.stages)
                 if refs <= {alias}:
-                    uses_derived = any(c.name not in base_cols for c in e.columns())
+                    uses_derived = any(
+                        c.name not in base_cols for c in e.columns() if c.source == alias
+                    )
                     (local_derived if uses_derived else local).append(e)
                 else:
                     cross.append((e, refs | {alias}))
@@ -337,6 +579,16 @@ class _Builder:
                     )
         if s.nearest is not None:
             leaf: N.Plan = self.vector_search(s, view, local, fresh)
+        elif isinstance(view, _StageView):
+            if fresh is not None:
+                raise DslError.at(
+                    "freshness applies to the stage's own sources, not to stage://",
+                    s.freshness.span if s.freshness else s.span,
+                    "move freshness: to the sources inside the stage",
+                )
+            leaf = N.StageRef(self.stages[view.uri[len("stage://") :]].plan, alias, view.uri[8:])
+            if local:
+                leaf = N.Filter(leaf, A.and_all(local))  # type: ignore[arg-type]
         else:
             leaf = N.Scan(
                 alias,
@@ -364,7 +616,11 @@ class _Builder:
                 return self._column(n, scope, None, f"where of '{alias}'")
             return None
 
-        return A.replace(e, fix)
+        return A.replace(
+            e,
+            fix,
+            pre=partial(self._subquery, scope=scope, local=alias, what=f"where of '{alias}'"),
+        )
 
     def vector_search(
         self, s: SourceSpec, view: Any, local: list[A.Expr], fresh: N.Freshness | None
@@ -473,11 +729,16 @@ class _Builder:
             ge = self.attempt(partial(self._group_key, g, joined))
             if ge is not None:
                 group.append(ge)
+        having = []
+        for h in spec.having:
+            hq = self.attempt(partial(self._having, h, joined, items, env))
+            if hq is not None:
+                having.append(hq)
         self.fail_if_problems()
-        aggregating = bool(group) or any(_has_agg(e) for _, e, _s in items)
+        aggregating = bool(group) or bool(having) or any(_has_agg(e) for _, e, _s in items)
         encrypted = {n for n, e, _s in items if _encrypted_params(e, self.params)}
         if aggregating:
-            plan, items, post_env, key_map = self.aggregate(plan, items, group, env)
+            plan, items, post_env, key_map = self.aggregate(plan, items, group, env, having)
         else:
             post_env, key_map = env, {}
         sort_keys = []
@@ -562,6 +823,27 @@ class _Builder:
             out.append((name, q, it.span or e.span))
         return out
 
+    def _having(
+        self,
+        h: A.Expr,
+        joined: list[str],
+        items: list[tuple[str, A.Expr, Span | None]],
+        env: Env,
+    ) -> A.Expr:
+        """A having condition over the sources' columns; a bare select alias stands for
+        its expression (``having: revenue > 100`` with ``sum(...) as revenue``)."""
+        outputs = {name: e for name, e, _ in items}
+
+        def alias(n: A.Expr) -> A.Expr | None:
+            if isinstance(n, A.Column) and n.source is None and n.name in outputs:
+                return outputs[n.name]
+            return None
+
+        q = self.qualify(A.replace(h, lambda _: None, pre=alias), joined, None, "having")
+        self.check_not_encrypted(q, "having")
+        self.check_bool(q, Env({**env.columns}, self.params), "having")
+        return q
+
     def _group_key(self, g: A.Expr, joined: list[str]) -> A.Expr:
         e = self.qualify(g, joined, None, "group_by")
         self.check_no_agg(e, "group_by")
@@ -575,8 +857,10 @@ class _Builder:
         items: list[tuple[str, A.Expr, Span | None]],
         group: list[A.Expr],
         env: Env,
+        having: list[A.Expr] | None = None,
     ):
-        """Aggregate node + the select items rewritten over its output."""
+        """Aggregate node (with a Filter of ``having`` above it) + the select items
+        rewritten over its output."""
         keys: list[tuple[str, A.Expr, pa.DataType]] = []
         key_map: dict[A.Expr, A.Expr] = {}
         for g in group:
@@ -606,6 +890,9 @@ class _Builder:
             else:
                 for c in _agg_calls(e):
                     self.attempt(partial(add_agg, c, None))
+        for h in having or ():
+            for c in _agg_calls(h):
+                self.attempt(partial(add_agg, c, None))
         for k in self.spec.order_by:
             for c in _agg_calls(k.expr):
                 q = self.attempt(partial(self.qualify, c, list(self.cols), None, "order_by"))
@@ -619,7 +906,15 @@ class _Builder:
             if r is not None:
                 new_items.append((name, r, span))
         self.fail_if_problems()
-        node = N.Aggregate(plan, tuple(keys), tuple(aggs))
+        node: N.Plan = N.Aggregate(plan, tuple(keys), tuple(aggs))
+        conds = [
+            r
+            for h in having or ()
+            if (r := self.attempt(partial(self.over_aggregate, h, key_map, agg_map))) is not None
+        ]
+        self.fail_if_problems()
+        if conds:
+            node = N.Filter(node, A.and_all(conds))  # type: ignore[arg-type]
         post = Env({n: t for n, _, t in keys} | {n: t for n, _, t in aggs}, self.params)
         key_map.update(agg_map)
         return node, new_items, post, key_map

@@ -377,3 +377,79 @@ class EncryptedScore(Plan):
 
     def header(self) -> str:
         return f"EncryptedScore: {self.name} = {self.expr} (CKKS, depth {self.depth})"
+
+
+@dataclass(frozen=True)
+class StageRef(Plan):
+    """A stage used as a source (``from: stage://NAME`` as ``alias``): the stage's plan,
+    its output columns qualified by ``alias`` (``s.revenue``)."""
+
+    input: Plan
+    alias: str
+    stage: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        return _qualify(self.alias, self.input.schema)
+
+    def header(self) -> str:
+        return f"StageRef: {self.alias} <- stage://{self.stage}"
+
+
+@dataclass(frozen=True)
+class Stage(Plan):
+    """A named stage whose result feeds expressions (``exists(NAME ...)``, ``x in NAME``,
+    the value ``NAME.col``); computed before the plan that uses it."""
+
+    input: Plan
+    name: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema
+
+    def header(self) -> str:
+        return f"Stage: {self.name}"
+
+
+@dataclass(frozen=True)
+class WithStages(Plan):
+    """The root of a binding with stages used in expressions: ``stages`` run first, in
+    order (each may use the ones before it), then ``input``. Their results reach the
+    expressions as bound parameters (``dsl.types.stage_param``) or, for a correlated
+    ``exists``, as a table DuckDB reads."""
+
+    input: Plan
+    stages: tuple[Stage, ...]
+
+    def children(self) -> tuple[Plan, ...]:
+        return (*self.stages, self.input)
+
+    def with_children(self, *children: Plan) -> Plan:
+        *stages, last = children
+        if not all(isinstance(s, Stage) for s in stages):
+            raise PlanError("WithStages: every child but the last must be a Stage")
+        return dataclasses.replace(self, stages=tuple(stages), input=last)  # type: ignore[arg-type]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema
+
+    def header(self) -> str:
+        return "WithStages: " + ", ".join(s.name for s in self.stages)
+
+
+@dataclass(frozen=True)
+class StageResult(Plan):
+    """The result of a stage computed once under ``WithStages`` (a stage used in
+    expressions, or read by several sources), read where the stage is used as a source."""
+
+    name: str
+    stage_schema: pa.Schema
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.stage_schema
+
+    def header(self) -> str:
+        return f"StageResult: {self.name}"

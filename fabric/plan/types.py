@@ -92,6 +92,8 @@ def literal_type(lit: A.Literal) -> pa.DataType:
         return pa.null()
     if t == "timestamp":
         return TIMESTAMP
+    if t == "date":
+        return pa.date32()
     if t == "interval":
         return DURATION
     if t == "list":
@@ -172,6 +174,8 @@ def infer(e: A.Expr, env: Env) -> pa.DataType:
         return t
     if isinstance(e, A.Literal):
         return literal_type(e)
+    if isinstance(e, A.Exists):  # its condition is checked by the builder, with the stage's columns
+        return pa.bool_()
     if isinstance(e, A.Param):
         vt = env.params.get(e.name)
         if vt is None:

@@ -1,0 +1,118 @@
+"""Running stages: their results as bound parameters and as tables for DuckDB.
+
+A binding's stages used in expressions (``fabric.plan.nodes.WithStages``) run first, in
+order. Their results reach the rest of the plan in two ways:
+
+- bound parameters (``dsl.types.stage_param``): ``stage:S.col`` the one value of a
+  one-row stage, ``stage:S:list`` the values of its one column (``x in S``),
+  ``stage:S:exists`` whether it has rows. Sources get them like session values, so a
+  filter on them is pushed down;
+- for a correlated ``exists(S where ...)``, the stage's table, which ``StageSql``
+  registers in the DuckDB query as ``EXISTS (SELECT 1 FROM <table> WHERE ...)``.
+
+A source unit whose filters use a stage's result is scheduled once that stage is done
+(``requires``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from connectors.arrow_expr import NotTranslatable
+from dsl.ast import Exists, Expr, Param
+from dsl.types import is_stage_param
+from fabric.execute.sql import Rel, SqlBuilder, quote
+from fabric.plan.nodes import Filter, Plan, Scan, VectorSearch
+
+_ids = itertools.count()
+
+
+def parse_param(name: str) -> tuple[str, str]:
+    """``stage:S.col`` -> (S, col); ``stage:S:list`` -> (S, ':list')."""
+    rest = name[len("stage:") :]
+    if ":" in rest:
+        stage, _, what = rest.partition(":")
+        return stage, ":" + what
+    stage, _, col = rest.partition(".")
+    return stage, col
+
+
+def refs(e: Expr) -> set[str]:
+    """Names of the stages whose results ``e`` uses."""
+    out: set[str] = set()
+    for x in e.walk():
+        if isinstance(x, Exists):
+            out.add(x.stage)
+        elif isinstance(x, Param) and is_stage_param(x.name):
+            out.add(parse_param(x.name)[0])
+    return out
+
+
+def has_exists(e: Expr) -> bool:
+    return any(isinstance(x, Exists) for x in e.walk())
+
+
+def unit_requires(leaf: Plan, chain: tuple[Plan, ...]) -> frozenset[str]:
+    """The stages a source unit (its scan and the Filter/Derive chain above) waits for."""
+    exprs: list[Expr] = []
+    if isinstance(leaf, Scan):
+        exprs += [*leaf.exact, *leaf.inexact]
+    elif isinstance(leaf, VectorSearch):
+        exprs += [*leaf.filters, leaf.query]
+    for node in chain:
+        if isinstance(node, Filter):
+            exprs.append(node.predicate)
+        else:
+            exprs += [e for _, e, _ in getattr(node, "items", ())]
+    return frozenset().union(*(refs(e) for e in exprs)) if exprs else frozenset()
+
+
+def bind(stage: str, table: pa.Table, names: set[str] | frozenset[str]) -> dict[str, Any]:
+    """The parameters ``names`` (of any stage) that ``stage``'s result ``table`` gives;
+    raises ValueError when a stage used as a value has several rows."""
+    out: dict[str, Any] = {}
+    for name in names:
+        if not is_stage_param(name):
+            continue
+        s, what = parse_param(name)
+        if s != stage:
+            continue
+        if what == ":list":
+            out[name] = table.column(0).to_pylist()
+        elif what == ":exists":
+            out[name] = table.num_rows > 0
+        else:
+            if table.num_rows > 1:
+                raise ValueError(
+                    f"stage '{stage}' is used as a value ({stage}.{what}) but returned "
+                    f"{table.num_rows} rows"
+                )
+            out[name] = table.column(what)[0].as_py() if table.num_rows else None
+    return out
+
+
+class StageSql(SqlBuilder):
+    """A SqlBuilder that also writes ``exists(S where ...)`` over the stage tables."""
+
+    def __init__(self, params: Mapping[str, Any], now: Any, stages: Mapping[str, pa.Table]):
+        super().__init__(params, now)
+        self.stages = stages
+
+    def expr(self, e: Expr, rel: Rel) -> str:
+        if not isinstance(e, Exists):
+            return super().expr(e, rel)
+        table = self.stages.get(e.stage)
+        if table is None:
+            raise NotTranslatable(f"the result of stage '{e.stage}' is not computed here")
+        # the stage's columns as S.col: they cannot clash with the enclosing sources' a.col
+        table = table.rename_columns([f"{e.stage}.{c}" for c in table.column_names])
+        name = f"__fabric_s{next(_ids)}"
+        self.tables[name] = table
+        if e.where is None:
+            return f"(EXISTS (SELECT 1 FROM {quote(name)}))"
+        inner = Rel("", [*table.column_names, *rel.names], rel.exprmap)
+        return f"(EXISTS (SELECT 1 FROM {quote(name)} WHERE {self.expr(e.where, inner)}))"
