@@ -137,6 +137,8 @@ class YamlText:
 
     # ---- loading
     def documents(self) -> list[Any]:
+        if "&" in self.text or "*" in self.text:
+            self._refuse_aliases()
         try:
             nodes = list(yaml.compose_all(self.text, Loader=_YAML_LOADER))
         except MarkedYAMLError as e:
@@ -148,6 +150,31 @@ class YamlText:
         if dups:
             raise DslError(dups)
         return [d for d in docs if d is not None]
+
+    def _refuse_aliases(self) -> None:
+        """Binding files and fabric.yaml need no anchors or aliases, and an alias can expand
+        without bound (a 458-byte 'billion laughs' file names 10^9 nodes; ``&a [*a]`` is
+        infinite): refuse them from the event stream, before any node is built."""
+        found: list[yaml.Event] = []
+        try:
+            for ev in yaml.parse(self.text, Loader=_YAML_LOADER):
+                if isinstance(ev, yaml.AliasEvent | yaml.NodeEvent) and ev.anchor is not None:
+                    found.append(ev)
+        except MarkedYAMLError as e:
+            raise self._yaml_error(e) from None
+        except YAMLError as e:
+            raise self.error(f"invalid YAML: {e}", Span(self.file, 1, 1, 1, 2)) from None
+        if not found:
+            return
+        ev = found[0]
+        alias = isinstance(ev, yaml.AliasEvent)
+        what = f"{'alias' if alias else 'anchor'} '{'*' if alias else '&'}{ev.anchor}'"
+        more = f" ({len(found)} anchors and aliases in this file)" if len(found) > 1 else ""
+        raise self.error(
+            f"invalid YAML: {what}: anchors and aliases are not supported{more}",
+            self._span_at(ev.start_mark.line, ev.start_mark.column, len(ev.anchor) + 1),
+            "write the value out in full where it is used",
+        )
 
     def _convert(self, node: yaml.Node, dups: list[Diagnostic]) -> Any:
         if isinstance(node, yaml.ScalarNode):
@@ -163,6 +190,16 @@ class YamlText:
         m = YamlMap()
         m.lc, m.fa = _LC(mark.line, mark.column), _FA(bool(node.flow_style))
         for knode, vnode in node.value:
+            if knode.tag == "tag:yaml.org,2002:merge":
+                kl, kc = knode.start_mark.line, knode.start_mark.column
+                dups.append(
+                    self.diagnostic(
+                        "invalid YAML: merge keys ('<<') are not supported",
+                        self._span_at(kl, kc, 2),
+                        "write the keys out in full in this mapping",
+                    )
+                )
+                continue
             key = (
                 knode.value
                 if isinstance(knode, yaml.ScalarNode)
