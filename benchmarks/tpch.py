@@ -1,0 +1,312 @@
+"""TPC-H, all 22 queries, across five real servers: the fabric vs DuckDB federated vs DuckDB local.
+
+Data (benchmarks/tpch/load.py, tpchgen-cli, loaded once and kept by content hash):
+lineitem as 4 Parquet files in S3, orders + customer in MariaDB, part + partsupp +
+supplier in PostgreSQL, nation in MongoDB, region as a Kafka topic.
+
+Per query, interleaved round by round in one process window:
+  fabric    the binding benchmarks/tpch/queries/qNN.yaml through the fabric
+  federated DuckDB 1.4 attaching the same MariaDB / PostgreSQL / S3 with its mysql,
+            postgres and httpfs extensions (its own venv, .services/tpch-peer, made on
+            first use; it has no MongoDB or Kafka scanner, so nation and region are local)
+  local     DuckDB on local tables holding the same rows (the floor)
+and prints p50 of each, the ratios, the fabric's rows fetched / rows needed per source
+(res.stats vs DuckDB counting the rows of each table the answer is computed from), and
+whether each answer equals DuckDB local's (for the spec's validation parameters and for
+--seeds random parameter sets). Geomeans at the bottom.
+
+    .venv/bin/python benchmarks/tpch.py                       # SF 0.1, 5 rounds, 2 seeds
+    .venv/bin/python benchmarks/tpch.py --sf 0.01 --repeat 3 --queries q01,q06
+    .venv/bin/python benchmarks/tpch.py --no-peer --markdown /tmp/tpch.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.tpch import harness as H  # noqa: E402
+from benchmarks.tpch import load  # noqa: E402
+from benchmarks.tpch.peer import Peer, encode  # noqa: E402
+from benchmarks.tpch.queries import QUERIES, Vocab  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _fmt(ms: float | None) -> str:
+    return "-" if ms is None else (f"{ms:.0f}" if ms >= 10 else f"{ms:.1f}")
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.2f}x"
+
+
+class Row:
+    def __init__(self, name: str):
+        self.name = name
+        self.fabric: list[float] = []
+        self.peer: list[float] = []
+        self.local: list[float] = []
+        self.verdict = "-"  # ok | types | wrong | error
+        self.why = ""
+        self.peer_verdict = "-"
+        self.fetched: dict[str, int] = {}
+        self.needed: dict[str, int] = {}
+
+    @staticmethod
+    def p50(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    data = load.prepare(args.sf)
+    fab = H.open_fabric(data)
+    ref = H.reference(data)
+    need_con = H.needed_connection(data)
+    vocab = Vocab.of(data.tables)
+    peer = None
+    tmp = Path(tempfile.mkdtemp(prefix="tpch_"))
+    if not args.no_peer:
+        import pyarrow.ipc as ipc
+
+        files = {}
+        for t in ("nation", "region"):
+            files[t] = str(tmp / f"{t}.arrow")
+            with ipc.new_file(files[t], data.tables[t].schema) as w:
+                w.write_table(data.tables[t])
+        log("starting the DuckDB federated peer (first run installs its venv)")
+        peer = Peer()
+        info = peer.call(
+            op="setup",
+            mariadb_url=data.mariadb_url,
+            pg_url=data.pg_url,
+            s3_endpoint=data.s3_endpoint,
+            s3_access_key=data.s3_access_key,
+            s3_secret_key=data.s3_secret_key,
+            bucket=load.BUCKET,
+            prefix=data.s3_prefix,
+            **files,
+        )
+        log(f"peer: DuckDB {info['duckdb']} with mysql, postgres, httpfs")
+    rows: list[Row] = []
+    names = args.queries.split(",") if args.queries else H.all_queries()
+    try:
+        for name in names:
+            rows.append(_one(name, args, data, fab, ref, need_con, vocab, peer, tmp))
+    finally:
+        if peer is not None:
+            peer.close()
+        fab.close()
+    return rows
+
+
+def _one(name, args, data, fab, ref, need_con, vocab, peer, tmp) -> Row:
+    import pyarrow.ipc as ipc
+
+    q = QUERIES[name]
+    row = Row(name)
+    compiled = None
+    try:
+        compiled = H.compile_binding(fab, name)
+    except Exception as exc:
+        row.verdict, row.why = "error", _short(exc)
+    # correctness: validation parameters + seeded random ones, fabric and peer vs local
+    for seed in [None, *range(1, args.seeds + 1)]:
+        params = q.params(args.sf, seed, vocab)
+        expected = H.run_reference(ref, q, params)
+        label = "validation" if seed is None else f"seed {seed}"
+        if compiled is not None and row.verdict in ("-", "ok", "types"):
+            try:
+                res = H.run_binding(fab, compiled, H.session_values(name, params))
+                verdict, why = H.compare(expected, res.table, q.order)
+            except Exception as exc:
+                verdict, why = "error", _short(exc)
+                if args.verbose:
+                    traceback.print_exc()
+            if verdict != "ok" or row.verdict == "-":
+                if verdict != "ok":
+                    why = f"{label}: {why}"
+                row.verdict, row.why = verdict, why
+        if peer is not None and row.peer_verdict in ("-", "ok", "types"):
+            out = str(tmp / f"{name}.arrow")
+            try:
+                peer.call(
+                    op="run", sql=q.sql, params={k: encode(v) for k, v in params.items()}, out=out
+                )
+                with ipc.open_file(out) as f:
+                    pv, pwhy = H.compare(expected, f.read_all(), q.order)
+            except Exception as exc:
+                pv, pwhy = "error", _short(exc)
+            if pv != "ok" or row.peer_verdict == "-":
+                row.peer_verdict = pv if pv == "ok" else f"{pv}: {label}: {pwhy}"
+    # timing: the validation parameters, the three engines interleaved round by round
+    params = q.params(args.sf, None, vocab)
+    session = H.session_values(name, params)
+    fabric_ok = compiled is not None and row.verdict in ("ok", "types", "wrong")
+    res = None
+    for r in range(args.repeat + 1):  # round 0 warms caches and connections, not counted
+        order = ["fabric", "peer", "local"]
+        order = order[r % 3 :] + order[: r % 3]
+        for engine in order:
+            t0 = time.perf_counter()
+            if engine == "fabric" and fabric_ok:
+                try:
+                    res = H.run_binding(fab, compiled, session)
+                except Exception as exc:
+                    row.verdict, row.why, fabric_ok = "error", _short(exc), False
+                    continue
+                if r:
+                    row.fabric.append((time.perf_counter() - t0) * 1000)
+            elif engine == "peer" and peer is not None and not row.peer_verdict.startswith("error"):
+                ms = peer.call(
+                    op="run", sql=q.sql, params={k: encode(v) for k, v in params.items()}
+                )["ms"]
+                if r:
+                    row.peer.append(ms)
+            elif engine == "local":
+                H.run_reference(ref, q, params)
+                if r:
+                    row.local.append((time.perf_counter() - t0) * 1000)
+    if res is not None:
+        row.fetched = {a: int(s.get("rows", 0)) for a, s in res.stats.get("sources", {}).items()}
+        row.needed = H.needed_rows(need_con, q, params, list(row.fetched))
+    log(
+        f"{name}: {row.verdict} fabric {_fmt(Row.p50(row.fabric))} ms, "
+        f"federated {_fmt(Row.p50(row.peer))} ms, local {_fmt(Row.p50(row.local))} ms"
+        + (f"  ({row.why})" if row.why else "")
+    )
+    return row
+
+
+def _sources(row: Row) -> str:
+    parts = []
+    for a, n in row.fetched.items():
+        need = row.needed.get(a)
+        if need is None:
+            parts.append(f"{a} {n}")
+        else:
+            parts.append(f"{a} {n}/{need}" + (f"={n / need:.1f}x" if need else ""))
+    return ", ".join(parts)
+
+
+def table(rows: list[Row], sf: float, markdown: bool = False) -> str:
+    head = [
+        "query",
+        "fabric",
+        "fabric p50 ms",
+        "federated p50 ms",
+        "local p50 ms",
+        "fabric/federated",
+        "fabric/local",
+        "federated",
+        "rows fetched/needed per source",
+    ]
+    body = []
+    for r in rows:
+        f, p, lo = Row.p50(r.fabric), Row.p50(r.peer), Row.p50(r.local)
+        body.append(
+            [
+                r.name,
+                r.verdict,
+                _fmt(f),
+                _fmt(p),
+                _fmt(lo),
+                _ratio(f, p),
+                _ratio(f, lo),
+                r.peer_verdict.split(":")[0],
+                _sources(r),
+            ]
+        )
+    right = [r for r in rows if r.verdict == "ok"]
+    gm = [
+        "geomean (fabric right)",
+        f"{len(right)}/{len(rows)} ok",
+        _fmt(_geomean([Row.p50(r.fabric) for r in right])),
+        _fmt(_geomean([Row.p50(r.peer) for r in right])),
+        _fmt(_geomean([Row.p50(r.local) for r in right])),
+        _fmt_ratio(
+            _geomean([Row.p50(r.fabric) / Row.p50(r.peer) for r in right if r.fabric and r.peer])
+        ),
+        _fmt_ratio(
+            _geomean([Row.p50(r.fabric) / Row.p50(r.local) for r in right if r.fabric and r.local])
+        ),
+        "",
+        "",
+    ]
+    body.append(gm)
+    body.append(
+        [
+            "geomean (all 22, DuckDB)",
+            "",
+            "",
+            _fmt(_geomean([Row.p50(r.peer) for r in rows])),
+            _fmt(_geomean([Row.p50(r.local) for r in rows])),
+            "",
+            "",
+            "",
+            "",
+        ]
+    )
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in b) + " |" for b in body]
+    else:
+        widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+        lines = [
+            "  ".join(str(c).ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head, *body]
+        ]
+        lines.insert(1, "-" * len(lines[0]))
+    out = [f"TPC-H SF {sf:g}", *lines, ""]
+    for r in rows:
+        if r.verdict != "ok":
+            out.append(f"{r.name} fabric {r.verdict}: {r.why}")
+        if r.peer_verdict not in ("ok", "-"):
+            out.append(f"{r.name} federated {r.peer_verdict}")
+    return "\n".join(out)
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sf", type=float, default=0.1)
+    ap.add_argument(
+        "--repeat", type=int, default=5, help="timed rounds per query (after 1 warm-up)"
+    )
+    ap.add_argument("--seeds", type=int, default=2, help="random parameter sets checked per query")
+    ap.add_argument("--queries", default="", help="comma list, e.g. q01,q06 (default: all 22)")
+    ap.add_argument("--no-peer", action="store_true", help="skip DuckDB federated")
+    ap.add_argument("--markdown", default="", help="also write the table as Markdown to this file")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    rows = run(args)
+    print(table(rows, args.sf))
+    if args.markdown:
+        Path(args.markdown).write_text(table(rows, args.sf, markdown=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
