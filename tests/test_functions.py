@@ -121,6 +121,30 @@ CASES: dict[str, list[tuple[str, str]]] = {
     "cosine": [("cosine(v, [1.0, 0.0])", "list_cosine_distance(v, [1.0, 0.0])")],
     "l2": [("l2(v, [0.0, 0.0])", "list_distance(v, [0.0, 0.0])")],
     "dot": [("dot(v, [2.0, 3.0])", "list_inner_product(v, [2.0, 3.0])")],
+    "case": [
+        (
+            "case when i > 0 then 'pos' when i < 0 then 'neg' else 'zero' end",
+            "CASE WHEN i > 0 THEN 'pos' WHEN i < 0 THEN 'neg' ELSE 'zero' END",
+        ),
+        ("case when f > 0 then d end", "CASE WHEN f > 0 THEN d END"),
+        (
+            "case i when 7 then f when 24 then 1 else 0 end",
+            "CASE i WHEN 7 THEN f WHEN 24 THEN 1 ELSE 0 END",
+        ),
+        (
+            "case when s like '%a%' then i * 2 else i end",
+            "CASE WHEN s LIKE '%a%' THEN i * 2 ELSE i END",
+        ),
+    ],
+    "cast": [
+        ("cast(f as int)", "CAST(f AS BIGINT)"),
+        ("cast(i as float)", "CAST(i AS DOUBLE)"),
+        ("cast(d as str)", "CAST(d AS VARCHAR)"),
+        ("cast(f as decimal(10,1))", "CAST(f AS DECIMAL(10, 1))"),
+        ("cast(ts as date)", "CAST(ts AS DATE)"),
+        ("cast(day as timestamp)", "CAST(day AS TIMESTAMPTZ)"),
+        ("cast(i as bool)", "CAST(i AS BOOLEAN)"),
+    ],
     # aggregates run in DuckDB only (their engine test is the aggregate query)
     "count": [("count(*)", "count(*)"), ("count(s)", "count(s)")],
     "count_distinct": [("count_distinct(i)", "count(DISTINCT i)")],
@@ -337,3 +361,16 @@ def test_division_is_float_division_as_in_sql() -> None:
     want = [r[0] for r in REF.execute("SELECT i / 2 FROM t ORDER BY id").fetchall()]
     assert got == want
     assert _filter("i / 2 > 3") == _ref_ids("i / 2 > 3")
+
+
+def test_like_escapes_with_a_backslash_in_duckdb_as_in_pyarrow() -> None:
+    """Regression: above a join (DuckDB) 'a\\_b%' matched nothing, because DuckDB's LIKE has
+    no escape character unless one is named; pyarrow, PostgreSQL and MariaDB escape with
+    a backslash."""
+    t = pa.table({"id": [1, 2], "s": ["a_bc", "aXbc"]})
+    e = _expr("s like 'a\\_b%'")
+    b = SqlBuilder({}, NOW)
+    rel = b.table(t)
+    duck = b.run(f"SELECT id FROM ({rel.sql}) AS q WHERE {b.expr(e, rel)}").column("id")
+    local = functions.filter_table(t, e, {}, resolve=lambda c: c.name).column("id")
+    assert duck.to_pylist() == local.to_pylist() == [1]

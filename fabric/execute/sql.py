@@ -191,7 +191,9 @@ class SqlBuilder:
             return f"({self.expr(e.expr, rel)} {neg} {self.expr(e.low, rel)} AND {self.expr(e.high, rel)})"
         if isinstance(e, Like):
             kw = ("NOT " if e.negated else "") + ("ILIKE" if e.case_insensitive else "LIKE")
-            return f"({self.expr(e.expr, rel)} {kw} {self.expr(e.pattern, rel)})"
+            # backslash escapes % and _, as in pyarrow, PostgreSQL and MariaDB (DuckDB's
+            # LIKE has no escape character unless one is named)
+            return f"({self.expr(e.expr, rel)} {kw} {self.expr(e.pattern, rel)} ESCAPE '\\')"
         if isinstance(e, IsNull):
             return f"({self.expr(e.expr, rel)} IS {'NOT ' if e.negated else ''}NULL)"
         if isinstance(e, Call):
