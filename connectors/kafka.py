@@ -513,7 +513,7 @@ class KafkaSource(Source):
         params = typed_params(request.filters, request.params, self._schema, self.uri)
         pred = and_all(list(request.filters))
         expr = to_arrow(pred, params, now=utcnow()) if pred is not None else None
-        timeout = request.timeout or self.conn.timeout
+        timeout = self.conn.request_timeout(request.timeout)
         tail = self.conn.tail(self.topic, self._schema)
         if tail is None:
             return self._scan_stream(request, cols, expr, "off (cache: false)")
@@ -589,7 +589,7 @@ class KafkaSource(Source):
 
         lo_t, hi_t = request.time_range or (None, None)
         tsf = self.conn.timestamp_field(self.topic)
-        timeout = request.timeout or self.conn.timeout
+        timeout = self.conn.request_timeout(request.timeout)
         stats: dict[str, Any] = {
             "messages": 0,
             "bad_messages": 0,
@@ -858,11 +858,21 @@ class KafkaConnection(Connection):
             return tf.get(topic)
         return tf
 
+    def request_timeout(self, budget: float | None = None) -> float:
+        """Seconds one broker round trip (metadata, watermarks, a consume without progress)
+        may take: the connection's ``timeout``, or less when the query's ``budget`` is
+        smaller; a query's larger budget never stretches it (a broker that is down fails
+        the scan after ``timeout``, not after the query's budget)."""
+        return min(budget, self.timeout) if budget else self.timeout
+
     def error(self, exc: BaseException, obj: str = "") -> SourceError:
+        err = exc.args[0] if isinstance(exc.args, tuple) and exc.args else None
+        text = err.str() if hasattr(err, "str") else str(exc)
         return SourceError(
             self.uri(obj),
-            f"{type(exc).__name__}: {exc}",
-            hint=f"check that the Kafka broker at {self.bootstrap} is running and reachable",
+            f"{type(exc).__name__}: {text} (connection timeout {self.timeout:g} s)",
+            hint=f"check that the Kafka broker at {self.bootstrap} is running and reachable, "
+            f"or raise connections.{self.name}.timeout",
             retriable=True,
         )
 

@@ -374,3 +374,107 @@ def test_like_escapes_with_a_backslash_in_duckdb_as_in_pyarrow() -> None:
     duck = b.run(f"SELECT id FROM ({rel.sql}) AS q WHERE {b.expr(e, rel)}").column("id")
     local = functions.filter_table(t, e, {}, resolve=lambda c: c.name).column("id")
     assert duck.to_pylist() == local.to_pylist() == [1]
+
+
+# ------------------------------------------------------------------ end to end, through the fabric
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """lineitem-like Parquet (DECIMAL(15, 2) as TPC-H's) and a small parts file."""
+    import pyarrow.parquet as pq
+
+    import fabric
+
+    root = tmp_path_factory.mktemp("fnlake")
+    n = 400
+    li = pa.table(
+        {
+            "l_orderkey": pa.array(range(n), pa.int64()),
+            "l_partkey": pa.array([k % 7 for k in range(n)], pa.int64()),
+            "l_quantity": pa.array([D(k % 50 + 1) for k in range(n)], pa.decimal128(15, 2)),
+            "l_extendedprice": pa.array(
+                [D(1000 + 37 * k) / 100 for k in range(n)], pa.decimal128(15, 2)
+            ),
+            "l_discount": pa.array([D(k % 11) / 100 for k in range(n)], pa.decimal128(15, 2)),
+            "l_shipdate": pa.array(
+                [dt.date(1993, 1, 1) + dt.timedelta(days=3 * k) for k in range(n)], pa.date32()
+            ),
+        }
+    )
+    parts = pa.table(
+        {
+            "p_partkey": pa.array(range(7), pa.int64()),
+            "p_brand": pa.array([f"Brand#{k}3" for k in range(7)], pa.string()),
+        }
+    )
+    (root / "lineitem").mkdir()
+    pq.write_table(li, root / "lineitem" / "part-0.parquet")
+    pq.write_table(parts, root / "part.parquet")
+    con = _ref()
+    con.register("lineitem", li)
+    con.register("part", parts)
+    config = {"connections": {"lake": {"kind": "file", "root": str(root)}}}
+    with fabric.open(config, ingest=False, watch=False) as fab:
+        yield fab, con
+
+
+def test_q6_with_folded_decimal_bounds_equals_duckdb(lake: Any) -> None:
+    """Regression (issue 11): TPC-H Q6 as the spec writes it gave 7,115,406.70 instead of
+    11,803,420.25 (the between bounds were folded in binary floats), and its sum was a
+    float."""
+    fab, con = lake
+    res = fab.query_text(
+        "from file://lake/lineitem/ as l "
+        "where l.l_shipdate >= date '1994-01-01' and l.l_shipdate < date '1995-01-01' "
+        "and l.l_discount between 0.06 - 0.01 and 0.06 + 0.01 and l.l_quantity < 24 "
+        "select sum(l.l_extendedprice * l.l_discount) as revenue"
+    )
+    want = con.execute(
+        "SELECT sum(l_extendedprice * l_discount) FROM lineitem "
+        "WHERE l_shipdate >= DATE '1994-01-01' AND l_shipdate < DATE '1995-01-01' "
+        "AND l_discount BETWEEN 0.06 - 0.01 AND 0.06 + 0.01 AND l_quantity < 24"
+    ).fetchall()[0][0]
+    got = res.table.column("revenue")[0].as_py()
+    assert got == want and isinstance(got, D), (got, want)
+    assert pa.types.is_decimal(res.table.schema.field("revenue").type)
+
+
+def test_decimal_derive_with_integers_runs_and_stays_exact(lake: Any) -> None:
+    """Regression (issue 11): derive rev = l_extendedprice * (1 - l_discount) raised
+    'ArrowInvalid: Precision is not great enough'."""
+    fab, con = lake
+    res = fab.query_text(
+        "from file://lake/lineitem/ as l derive rev = l.l_extendedprice * (1 - l.l_discount) "
+        "where l.l_quantity < 24 select l.l_orderkey, rev order by l.l_orderkey"
+    )
+    want = con.execute(
+        "SELECT l_orderkey, l_extendedprice * (1 - l_discount) FROM lineitem "
+        "WHERE l_quantity < 24 ORDER BY l_orderkey"
+    ).fetchall()
+    assert [tuple(r.values()) for r in res.table.to_pylist()] == want
+
+
+def test_date_trunc_on_a_source_and_round_above_a_join(lake: Any) -> None:
+    """Regression (issue 11): 'function date_trunc() cannot be applied with pyarrow' and,
+    above a join, 'function round() is not available in joins and aggregates'."""
+    fab, con = lake
+    res = fab.query_text(
+        "from file://lake/lineitem/ as l derive y = date_trunc('year', l.l_shipdate) "
+        "select y order by y limit 1"
+    )
+    assert res.table.column("y").to_pylist() == [dt.date(1993, 1, 1)]
+    res = fab.query_text(
+        "from file://lake/lineitem/ as l join file://lake/part.parquet as p "
+        "on p.p_partkey = l.l_partkey "
+        "select p.p_brand, round(avg(l.l_quantity), 2) as q, "
+        "sum(l.l_extendedprice) as total, date_part('year', min(l.l_shipdate)) as y "
+        "group by p.p_brand order by p.p_brand"
+    )
+    want = con.execute(
+        "SELECT p_brand, round(avg(l_quantity), 2), sum(l_extendedprice), "
+        "date_part('year', min(l_shipdate)) FROM lineitem JOIN part ON p_partkey = l_partkey "
+        "GROUP BY p_brand ORDER BY p_brand"
+    ).fetchall()
+    assert [tuple(r.values()) for r in res.table.to_pylist()] == want
+    assert res.table.schema.field("total").type == pa.decimal128(38, 2)

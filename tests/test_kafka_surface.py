@@ -323,3 +323,67 @@ def test_cli_fail_policy_fails_on_stale(tmp_path, kafka_bootstrap, new_topic):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "stale" in out.stderr and "does not exist" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+# ---------------------------------------------------------------- finding 6: fail fast
+
+
+def test_query_fails_within_the_kafka_connections_timeout_when_the_broker_dies(tmp_path):
+    """A private broker (the shared one stays up) serves one query, then is killed: the
+    next query fails naming the source and the connection's 3 s timeout, in a small
+    multiple of it (it used to wait out the executor's 30 s budget: every broker request
+    was given the query's budget instead of the connection's timeout)."""
+    import socket
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from fabric.execute import DEFAULT_TIMEOUT
+    from fabric.execute.errors import QueryError
+    from tests.test_ingest import NOIDA, _start_noida
+
+    if not NOIDA.exists():
+        pytest.skip("noida-db not installed: run scripts/services up")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bootstrap = f"127.0.0.1:{port}"
+    broker = _start_noida(port, tmp_path / "noida", tmp_path / "noida.log")
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("loc", 2, 1)])["loc"].result(10)
+        produce(bootstrap, "loc", [{"user_id": i % 3, "lat": 1.0} for i in range(20)], "user_id")
+        timeout = 3.0
+        cfg = write_fabric(
+            tmp_path,
+            f"""
+            bus: {{kind: kafka, bootstrap: "{bootstrap}", timeout: {timeout:g},
+                   schemas: {{loc: {{user_id: int, lat: float}}}}}}
+            """,
+            bindings="""
+            binding: where_is
+            session: {u: int}
+            sources:
+              l:
+                from: kafka://bus/loc
+                where: user_id = {{session.u}}
+                latest_by: user_id
+                freshness: {max_lag: 5s, on_stale: wait}
+            select: [l.user_id, l.lat]
+            """,
+        )
+        with fabric.open(cfg, watch=False) as fab:
+            assert fab.query("where_is", session={"u": 1}).table.num_rows == 1
+            broker.kill()
+            broker.wait()
+            t0 = time.monotonic()
+            with pytest.raises(QueryError) as e:
+                fab.query("where_is", session={"u": 1})
+            took = time.monotonic() - t0
+    finally:
+        if broker.poll() is None:
+            broker.kill()
+    msg = str(e.value)
+    assert "kafka://bus/loc" in msg and f"connection timeout {timeout:g} s" in msg, msg
+    assert "timed out after" not in msg, msg  # not the executor's budget
+    # a freshness probe and the scan, each bounded by the connection's timeout
+    assert took < 3 * timeout + 2 < DEFAULT_TIMEOUT, took
