@@ -699,6 +699,107 @@ for _f in (
 ):
     register(_f)
 
+# ---------------------------------------------------------------- case and cast
+# ``case when c1 then r1 ... [else d] end`` parses to case(c1, r1, ..., [d]) (an odd count
+# has an else); ``cast(x as T)`` to cast(x, 'T'). Neither is pushed to SQL or Mongo
+# sources (no form: the source answers UNSUPPORTED and the fabric computes it).
+
+
+def _t_case(c, ts):
+    n = len(ts)
+    if n < 2:
+        raise T._err("case needs at least one 'when ... then ...'", c)
+    results = [ts[i + 1] for i in range(0, n - 1, 2)] + ([ts[-1]] if n % 2 else [])
+    exprs = [c.args[i + 1] for i in range(0, n - 1, 2)] + ([c.args[-1]] if n % 2 else [])
+    for i in range(0, n - 1, 2):
+        if not (pa.types.is_boolean(ts[i]) or pa.types.is_null(ts[i])):
+            raise T._err(
+                f"a 'when' of case must be a true/false condition; {T._text(c.args[i])} is "
+                f"{T.name_of(ts[i])}",
+                c.args[i],
+                "compare it, e.g. when x > 0 then ...",
+            )
+    out = next((t for t in results if not pa.types.is_null(t)), pa.null())
+    for t, e in zip(results, exprs, strict=True):
+        if not T.comparable(out, t):
+            raise T._err(
+                f"the results of case must have one type; {T._text(e)} is {T.name_of(t)}, "
+                f"expected {T.name_of(out)}",
+                e,
+            )
+        if T.is_numeric(out) and T.is_numeric(t) and t != out:
+            out = T.common_numeric(out, t)
+    return out
+
+
+def _arrow_case(c, go, const):
+    a = c.args
+    n = len(a)
+    conds = [go(a[i]) for i in range(0, n - 1, 2)]
+    results = [go(a[i + 1]) for i in range(0, n - 1, 2)] + ([go(a[-1])] if n % 2 else [])
+    return pc.case_when(pc.make_struct(*conds), *results)  # a null condition is false
+
+
+def _duck_case(c, args, const):
+    n = len(args)
+    whens = " ".join(f"WHEN {args[i]} THEN {args[i + 1]}" for i in range(0, n - 1, 2))
+    return f"(CASE {whens}{f' ELSE {args[-1]}' if n % 2 else ''} END)"
+
+
+def _cast_target(c: A.Call) -> pa.DataType:
+    from dsl.parser import parse_type
+
+    t = c.args[1]
+    if not (isinstance(t, A.Literal) and isinstance(t.value, str)):
+        raise T._err("the type of cast() must be written: cast(x as int)", c)
+    return parse_type(t.value).arrow()
+
+
+def _t_cast(c, ts):
+    if T._class(ts[0]) in ("list", "struct"):
+        raise T._err(f"cannot cast {T._text(c.args[0])} ({T.name_of(ts[0])})", c.args[0])
+    return _cast_target(c)
+
+
+_DUCK_CAST = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR", "bool": "BOOLEAN"}
+
+
+def _duck_cast(c, args, const):
+    t = _cast_target(c)
+    if pa.types.is_decimal(t):
+        name = f"DECIMAL({t.precision}, {t.scale})"
+    elif pa.types.is_timestamp(t):
+        name = "TIMESTAMPTZ"
+    elif pa.types.is_date(t):
+        name = "DATE"
+    else:
+        name = _DUCK_CAST[str(const(c.args[1]))]
+    return f"CAST({args[0]} AS {name})"
+
+
+for _f in (
+    Function(
+        "case",
+        2,
+        99,
+        _t_case,
+        arrow=_arrow_case,
+        duckdb=_duck_case,
+        doc="case when c then r ... [else d] end: the first r whose c is true (null: false)",
+    ),
+    Function(
+        "cast",
+        2,
+        2,
+        _t_cast,
+        duckdb=_duck_cast,
+        constant_args=(1,),
+        doc="cast(x as T), T one of int, float, decimal(p,s), str, bool, date, timestamp (as SQL: "
+        "float to int rounds)",
+    ),
+):
+    register(_f)
+
 if {f.name for f in REGISTRY.values() if f.aggregate} != set(A.AGGREGATES):  # pragma: no cover
     raise AssertionError("dsl.ast.AGGREGATES and the aggregates of the registry differ")
 
