@@ -136,6 +136,7 @@ class _Src:
         self.recovering: str | None = None  # why the data is being rebuilt, until caught up
         self.notices: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
         self.last_dead_letter: dict[str, Any] | None = None
+        self.measured = kind != "kafka"  # a Kafka source's lag is unknown until measured
         self.ingested_total = 0
         self.dead_letter_total = 0
         self.window: collections.deque[tuple[float, int]] = collections.deque()
@@ -151,13 +152,15 @@ class _Src:
 
     def status(self) -> tuple[str, str | None]:
         """``error`` (something failed and has not succeeded since), ``rebuilding``,
-        ``stale`` (past a threshold), ``behind`` (messages not yet applied) or ``fresh``,
-        with the reason."""
+        ``starting`` (lag not measured yet), ``stale`` (past a threshold), ``behind``
+        (messages not yet applied) or ``fresh``, with the reason."""
         if self.errors:
             kind, (msg, _) = max(self.errors.items(), key=lambda e: e[1][1])
             return "error", f"{kind}: {msg}"
         if self.recovering is not None:
             return "rebuilding", self.recovering
+        if not self.measured:
+            return "starting", "lag not measured yet"
         if self.machine.state == STALE:
             return STALE, self.machine.reason
         if self.lag_messages:
@@ -270,6 +273,7 @@ class FreshnessTracker:
             if lag_messages > 0 and (s.lag_messages or 0) == 0:
                 s.behind_since = now
             s.lag_messages = max(0, int(lag_messages))
+            s.measured = True
             if detail is not None:
                 s.detail = dict(detail)
             s.observed_at = now

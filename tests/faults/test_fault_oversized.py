@@ -1,0 +1,71 @@
+"""Issue 14 finding 1: a message larger than the dataset's limit (and than the dead-letter
+producer's default 1,000,000 bytes) must not lose the batch it arrives in."""
+
+from __future__ import annotations
+
+import json
+
+from fabric.freshness import FreshnessTracker
+from fabric.ingest import IngestOptions, KafkaIngestor
+from tests.faults.helpers import (
+    Watch,
+    assert_replica,
+    create_topic,
+    delete_topic,
+    dlq,
+    docs,
+    held,
+    json_row,
+    new_dataset,
+    produce,
+    replica,
+    wait_for,
+)
+
+BIG = 2 * 1024 * 1024
+
+
+def test_an_oversized_message_is_dead_lettered_and_its_batch_ingested(
+    kafka_bootstrap, test_run_id, tmp_path
+):
+    topic = f"fabric_big_{test_run_id}"
+    create_topic(kafka_bootstrap, topic, 1, **{"max.message.bytes": str(16 * 1024 * 1024)})
+    try:
+        big = json.dumps({"id": "big", "n": 1, "body": "x" * BIG}).encode()
+        where = produce(
+            kafka_bootstrap,
+            topic,
+            [*docs(range(1000)), ("big", big), *docs(range(1000, 2000))],
+            **{"message.max.bytes": 20 * 1024 * 1024},
+        )
+        big_at = where[1000]
+        rep = replica(kafka_bootstrap, topic, lambda v: None if len(v) > BIG else json_row(v))
+        assert len(rep.rows) == 2000 and rep.invalid == {big_at}
+
+        ds = new_dataset({"n": "btree"})
+        tr = FreshnessTracker()
+        opts = IngestOptions(kafka_bootstrap, topic, f"fabric.test.{topic}")  # 1 MiB limit
+        ing = KafkaIngestor("docs", ds, opts, tracker=tr, state_dir=tmp_path / "state")
+        with Watch(tr, "docs", lambda: len(held(ds)) == 2000) as watch:
+            ing.start()
+            try:
+                wait_for(ing.caught_up, 60, f"caught up (count {ds.count()}, {ing.last_error})")
+            finally:
+                ing.stop(checkpoint_now=False)
+        assert not watch.lies, watch.lies[:2]
+        assert_replica(ds, rep)
+        f = tr.source("docs")
+        assert f.lag_messages == 0 and f.status == "fresh" and f.dead_letter_total == 1
+        last = f.last_dead_letter
+        assert (
+            last["partition"],
+            last["offset"],
+        ) == big_at and "exceeds max_message_bytes" in last["error"]
+        dead = dlq(kafka_bootstrap, topic, expect=1)
+        assert set(dead) == {big_at}
+        h = dead[big_at]
+        assert h["fabric.truncated"] == str(len(big)) and h["_bytes"] == 65536
+        assert "exceeds max_message_bytes" in h["fabric.error"] and h["fabric.topic"] == topic
+    finally:
+        delete_topic(kafka_bootstrap, topic, wait_gone=False)
+        delete_topic(kafka_bootstrap, topic + ".dlq", wait_gone=False)
