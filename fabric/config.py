@@ -143,7 +143,14 @@ SANDBOX_KEYS = (
     "workers",
 )
 CRYPTO_KEYS = ("public_context", "agents")
-SERVER_KEYS = ("host", "port")
+SERVER_KEYS = (
+    "host",
+    "port",
+    "header_timeout",
+    "keep_alive",
+    "max_connections",
+    "max_header_bytes",
+)
 INGEST_KEYS = ("checkpoint_dir", "group_prefix", "batch_size", "enabled")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -244,8 +251,18 @@ class CryptoConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """``server:`` of fabric.yaml (``fabric serve``). A request whose headers are not in
+    within ``header_timeout`` seconds is closed; an idle keep-alive connection after
+    ``keep_alive``; past ``max_connections`` (also kept below the process's open-file
+    limit) the longest-waiting half-open connection is closed to make room;
+    ``max_header_bytes`` bounds a request's headers."""
+
     host: str = "127.0.0.1"
     port: int = 8765
+    header_timeout: float = 10.0
+    keep_alive: float = 5.0
+    max_connections: int = 1000
+    max_header_bytes: int = 16_384
 
 
 @dataclass(frozen=True)
@@ -818,6 +835,15 @@ def _server(L: _Loader, doc: YamlMap) -> ServerConfig:
         kw["host"] = str(L.subst(m, "host"))
     if "port" in m:
         kw["port"] = y.integer(m, "port", "port", 1)
+    for k in ("header_timeout", "keep_alive"):
+        if k in m:
+            kw[k] = duration_seconds(m[k], y.value_span(m, k), k)
+            if kw[k] <= 0:
+                raise y.error(f"{k} must be more than 0 seconds", y.value_span(m, k))
+    if "max_connections" in m:
+        kw["max_connections"] = y.integer(m, "max_connections", "max_connections", 1)
+    if "max_header_bytes" in m:
+        kw["max_header_bytes"] = y.integer(m, "max_header_bytes", "max_header_bytes", 1024)
     return ServerConfig(**kw)
 
 

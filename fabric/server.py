@@ -200,10 +200,100 @@ def _sse(ev: dict[str, Any]) -> bytes:
     return f"event: {ev['event']}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n".encode()
 
 
-class ServerThread:
-    """Run an ASGI app with uvicorn in a daemon thread (tests, ``fabric.open`` users)."""
+_BUSY_TEXT = b"fabric serve: too many connections, retry shortly\n"
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
+)
 
-    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0):
+
+def connection_cap(max_connections: int) -> int:
+    """``max_connections``, kept below the process's open-file limit (a quarter of it, at
+    least 64 descriptors, stays for Kafka clients, files and the rest)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(1, min(max_connections, soft - max(64, soft // 4)))
+
+
+def guarded_protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a header-read timeout and a connection cap (uvicorn has
+    neither: a request line sent without its end held a connection forever).
+
+    A connection that has no request in progress (nothing sent yet, headers incomplete, or
+    idle between keep-alive requests) for a whole ``header_timeout`` period is closed.
+    Past ``max_connections`` the connection that has waited longest that way is closed to
+    make room, so a request that arrives whole is served; if every connection is busy
+    with a request, the new one gets a 503."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        _guard: asyncio.TimerHandle | None = None
+        _since = 0.0
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._since = self.loop.time()
+            if len(self.connections) > max_connections and not self._make_room():
+                transport.write(_BUSY)
+                transport.close()
+                return
+            self._arm(None)
+
+        def waiting(self) -> bool:
+            """No request in progress: its headers have not (all) arrived."""
+            return self.conn.their_state is h11.IDLE and (
+                self.cycle is None or self.cycle.response_complete
+            )
+
+        def _make_room(self) -> bool:
+            idle = [
+                c
+                for c in self.connections
+                if c is not self
+                and isinstance(c, GuardedH11Protocol)
+                and not c.transport.is_closing()
+                and c.waiting()
+            ]
+            if not idle:
+                return False
+            min(idle, key=lambda c: c._since).transport.close()
+            return True
+
+        def _arm(self, cycle: Any) -> None:
+            self._guard = self.loop.call_later(header_timeout, self._check, cycle)
+
+        def _check(self, cycle: Any) -> None:
+            self._guard = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is cycle and self.waiting():
+                self.transport.close()  # no complete request for a whole period
+                return
+            self._since = self.loop.time()
+            self._arm(self.cycle)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._guard is not None:
+                self._guard.cancel()
+                self._guard = None
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+class ServerThread:
+    """Run an ASGI app with uvicorn in a daemon thread (tests, ``fabric.open`` users).
+    ``limits`` (a ``fabric.config.ServerConfig``): header timeout, keep-alive, connection
+    cap and header size; its defaults when None."""
+
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0, limits: Any = None):
+        from fabric.config import ServerConfig
+
+        limits = limits if limits is not None else ServerConfig()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -214,7 +304,14 @@ class ServerThread:
             ) from exc
         self.host, self.port = self.sock.getsockname()[:2]
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1, access_log=False
+            app,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+            access_log=False,
+            http=guarded_protocol(limits.header_timeout, connection_cap(limits.max_connections)),
+            timeout_keep_alive=max(1, round(limits.keep_alive)),
+            h11_max_incomplete_event_size=limits.max_header_bytes,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
@@ -288,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         host = args.host or getattr(service.server_config, "host", None) or "127.0.0.1"
         port = args.port if args.port is not None else getattr(service.server_config, "port", 8765)
-        srv = ServerThread(app, host, port)
+        srv = ServerThread(app, host, port, limits=service.server_config)
     except OSError as exc:
         service.stop()
         print(str(exc), file=sys.stderr)
