@@ -5,15 +5,18 @@ marker file that must not exist, another binding's rows that must not be readabl
 sibling worker that must stay alive), not only the error class.
 """
 
+import contextlib
 import os
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from fabric.sandbox import SandboxLimits, SandboxPool
+from fabric.sandbox import SandboxError, SandboxLimits, SandboxPool
 
 LIMITS = SandboxLimits(cpu_seconds=2.0, wall_seconds=5.0, memory_bytes=256 << 20,
                        output_bytes=1 << 20, max_rows=5000)  # fmt: skip
@@ -146,3 +149,73 @@ def test_every_thread_of_every_worker_is_confined():
                 uids = status["Uid"].split()
                 assert uids[0] != "0" and len(set(uids)) == 1, (tid, uids)
         assert all(v == "active" for v in pool.layers.values()), pool.layers
+
+
+def test_a_worker_that_claims_layers_it_lacks_is_refused():
+    """Fail closed: the pool checks every thread itself and runs nothing on such a worker."""
+    evil = str(Path(__file__).parent / "sandbox_corpus" / "evil_worker.py")
+    with pytest.raises(SandboxError, match="refusing to run snippets") as ei:
+        SandboxPool(size=1, _worker_argv=[sys.executable, evil, "liar"])
+    msg = str(ei.value)
+    assert "seccomp failed: thread" in msg and "Seccomp: 0" in msg
+    assert "network_namespace failed" in msg and "drop_privileges failed" in msg
+
+
+# Finding 4: fcntl(F_SETOWN, sibling) + F_SETSIG(SIGKILL) + O_ASYNC on a pipe: the kernel
+# would send SIGKILL to the sibling worker on the next I/O.
+SIGIO_KILL = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+
+def run(table, sibling):
+    notes = []
+    fds = [int(sys.argv[sys.argv.index(o) + 1]) for o in ("--in", "--out")]
+    try:
+        r, w = os.pipe()
+        fds.append(r)
+    except OSError as e:
+        w = None
+        notes.append(f"pipe errno={e.errno}")
+    for fd in fds:
+        rc = [libc.fcntl(fd, 8, sibling), libc.fcntl(fd, 10, 9)]  # F_SETOWN, F_SETSIG=SIGKILL
+        flags = libc.fcntl(fd, 3)
+        rc.append(libc.fcntl(fd, 4, flags | 0o20000))  # F_SETFL O_ASYNC
+        notes.append(f"fd {fd}: {rc} errno={ctypes.get_errno()}")
+    if w is not None:
+        os.write(w, b"x")
+    return pa_table(notes)
+
+def pa_table(notes):
+    import pyarrow as pa
+    return pa.table({"note": notes})
+"""
+
+
+def _alive(worker) -> bool:
+    return worker.proc.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("skip", "killed"),
+    [
+        ((), False),
+        (("seccomp",), False),  # the per-worker uid alone: the kernel's SIGIO check fails
+        (("seccomp", "drop_privileges"), True),  # control: both off, the attack is real
+    ],
+    ids=["all_os_layers", "own_uid_alone", "control_without_both"],
+)
+def test_a_worker_cannot_signal_its_sibling(skip, killed):
+    with SandboxPool(
+        size=2, limits=LIMITS, _static_checks=False, _restricted_python=False, _skip_layers=skip
+    ) as pool:
+        attacker, sibling = _workers(pool)
+        out = pool.run(SIGIO_KILL, TABLE, params={"sibling": sibling.pid}, binding="sigio")
+        notes = out["note"].to_pylist()
+        for _ in range(4):  # I/O on the attacker's pipes, each of which would fire SIGIO
+            with contextlib.suppress(SandboxError):
+                pool.run("def run(table):\n    return table\n", TABLE, binding="after")
+        time.sleep(0.2)
+        assert _alive(sibling) is not killed, notes
+        assert _alive(attacker), notes
+        if not skip:
+            assert all("[-1, -1, -1] errno=1" in n for n in notes if n.startswith("fd")), notes

@@ -316,6 +316,10 @@ def main(argv: list[str] | None = None, network_namespace: str | None = None) ->
     signal.signal(signal.SIGUSR1, _on_limit_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     call_limits = _Limits()
+    # Nothing may block on stderr (a pipe nobody drains until a crash): warnings are dropped
+    # and a full pipe makes a write fail instead of stalling the worker.
+    warnings.simplefilter("ignore")
+    os.set_blocking(2, False)  # before lockdown: seccomp allows no fcntl(F_SETFL)
     nofile = max(args.rfd, args.wfd, 2) + 8
     uid, gid = args.uid, args.gid
     if args.own_uid:
@@ -333,10 +337,6 @@ def main(argv: list[str] | None = None, network_namespace: str | None = None) ->
     layers["restricted_python"] = (
         "unavailable: disabled by the pool" if args.no_restricted_python else "active"
     )
-    # Nothing may block on stderr (a pipe nobody drains until a crash): warnings are dropped
-    # and a full pipe makes a write fail instead of stalling the worker.
-    warnings.simplefilter("ignore")
-    os.set_blocking(2, False)
     ch.send({"status": "ready", "layers": layers, "pid": os.getpid()})
     _serve(ch, not args.no_restricted_python, call_limits)
 

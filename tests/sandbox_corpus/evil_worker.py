@@ -2,7 +2,8 @@
 
 Usage: evil_worker.py MODE --in FD --out FD [ignored pool options...]
 MODE: drip (slow-drip output), flood (claims a huge payload), garbage (bytes that are not
-Arrow), header (an oversized header), zstd (compressed Arrow), die (exits mid-reply), silent (never answers).
+Arrow), header (an oversized header), zstd (compressed Arrow), die (exits mid-reply), silent (never answers), liar (claims OS layers it never applied,
+with a second thread running).
 """
 
 import json
@@ -34,7 +35,14 @@ def main() -> None:
             buf += chunk
         return buf
 
-    send({"status": "ready", "layers": {"evil": "active"}, "pid": os.getpid()})
+    if mode == "liar":
+        import threading
+
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+        claimed = dict.fromkeys(("network_namespace", "seccomp", "drop_privileges"), "active")
+        send({"status": "ready", "layers": claimed, "pid": os.getpid()})
+    else:
+        send({"status": "ready", "layers": {"evil": "active"}, "pid": os.getpid()})
     while True:
         hlen, plen = struct.unpack("<II", read_exact(8))
         read_exact(hlen + plen)
