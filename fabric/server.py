@@ -361,8 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from connectors.credentials import MaskingFormatter, mask
 
     logging.basicConfig(level=args.log_level.upper())
-    for h in logging.getLogger().handlers:  # the log never shows a credential
-        h.setFormatter(MaskingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    for handler in logging.getLogger().handlers:  # the log never shows a credential
+        handler.setFormatter(MaskingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
 
     from fabric.datasets import FabricService
 
