@@ -219,3 +219,59 @@ def test_a_worker_cannot_signal_its_sibling(skip, killed):
         assert _alive(attacker), notes
         if not skip:
             assert all("[-1, -1, -1] errno=1" in n for n in notes if n.startswith("fd")), notes
+
+
+# Finding 3: residue of one binding's call in the shared-memory regions of a worker that
+# then runs another binding's snippet.
+SECRETS = pa.table({
+    "id": list(range(100)),
+    "secret": [f"SECRET-{i:03d}-{'x' * 40}" for i in range(100)],
+})  # fmt: skip
+IDENTITY = "def run(table):\n    return table\n"
+
+PARENT_WALK = """
+import pyarrow as pa
+def run(table):
+    buf = table.column("id").chunks[0].buffers()[1]
+    while buf.parent is not None:
+        buf = buf.parent
+    data = buf.to_pybytes()
+    return pa.table({"size": [len(data)], "hits": [data.count(b"SECRET-")]})
+"""
+
+RAW_READ = """
+import gc
+import pyarrow as pa
+def run(table):
+    hits, size = 0, 0
+    for ch in [o for o in gc.get_objects() if type(o).__name__ == "_Channel"]:
+        for region in (ch.shm_in, ch.shm_out):
+            if region is not None:
+                data = region[:]
+                size += len(data)
+                hits += data.count(b"SECRET-")
+    return pa.table({"size": [size], "hits": [hits]})
+"""
+
+
+def _secret_call_then(pool: SandboxPool, probe: str) -> dict:
+    big = pa.table({"id": list(range(3000)), "pad": ["p" * 50] * 3000})
+    pool.run(IDENTITY, big, binding="warm")  # a bigger table first: its bytes lie further out
+    out = pool.run(IDENTITY, SECRETS, binding="x_private")
+    assert out.equals(SECRETS)
+    return pool.run(probe, pa.table({"id": [1, 2, 3]}), binding="y_other").to_pylist()[0]
+
+
+def test_another_binding_cannot_walk_buffer_parents_to_earlier_rows():
+    with SandboxPool(size=1, limits=LIMITS) as pool:
+        got = _secret_call_then(pool, PARENT_WALK)
+    assert got["hits"] == 0, got
+    assert got["size"] < 4096, got  # only this call's own message, not the whole region
+
+
+def test_no_rows_of_an_earlier_call_remain_in_the_shared_regions():
+    """Even with real builtins (only the OS layers on), the regions hold no residue."""
+    with SandboxPool(size=1, limits=LIMITS, _static_checks=False, _restricted_python=False) as p:
+        got = _secret_call_then(p, RAW_READ)
+    assert got["size"] == 2 * LIMITS.output_bytes, got  # it did read both regions
+    assert got["hits"] == 0, got

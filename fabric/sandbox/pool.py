@@ -29,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from .errors import (
@@ -75,6 +76,8 @@ class _Worker:
         jail: str | None = None,
     ):
         self.shm_in = self.shm_out = None
+        self.in_dirty = 0  # bytes of the input region the last request may have written
+        self.in_bytes: np.ndarray | None = None
         shm_fds: list[int] = []
         if shm_bytes:
             # two shared-memory regions (memfd): tables in and out without pipe copies
@@ -83,6 +86,7 @@ class _Worker:
                 os.ftruncate(fd, shm_bytes)
                 shm_fds.append(fd)
             self.shm_in = mmap.mmap(shm_fds[0], shm_bytes)
+            self.in_bytes = np.frombuffer(self.shm_in, dtype=np.uint8)
             self.shm_out = mmap.mmap(shm_fds[1], shm_bytes, prot=mmap.PROT_READ)
             argv = [*argv, "--shm", f"{shm_fds[0]},{shm_fds[1]},{shm_bytes}"]
         p2c_r, p2c_w = os.pipe()
@@ -194,6 +198,11 @@ class _Worker:
         """Frame a call; the table goes through shared memory when it fits."""
         if self.shm_in is not None:
             size = ipc_into(pa.py_buffer(self.shm_in), table)
+            # the region holds only this call's table: zero what earlier calls left after it
+            written = len(self.shm_in) if size is None else size  # a failed write is partial
+            if self.in_dirty > written and self.in_bytes is not None:
+                self.in_bytes[written : self.in_dirty] = 0
+            self.in_dirty = written
             if size is not None:
                 return encode({**header, "shm": size})
         return encode(header, ipc_bytes(table))  # no region, or larger than it: by pipe
@@ -238,6 +247,7 @@ class _Worker:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.stderr.close()
+        self.in_bytes = None
         for region in (self.shm_in, self.shm_out):
             if region is not None:
                 region.close()

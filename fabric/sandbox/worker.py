@@ -26,6 +26,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
+import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from . import oslayers, policy, protocol, restricted  # noqa: E402
@@ -59,8 +60,16 @@ class _Channel:
             self.shm_out = mmap.mmap(out_fd, size)
             os.close(in_fd)
             os.close(out_fd)
-            self.in_buf = pa.py_buffer(self.shm_in)
             self.out_buf = pa.py_buffer(self.shm_out)
+            self.out_bytes = np.frombuffer(self.shm_out, dtype=np.uint8)
+        self.out_dirty = 0  # bytes of the output region the last reply may have written
+
+    def wipe_output(self) -> None:
+        """Zero what the previous reply left in the output region (the fabric has copied it
+        out before sending this call): no snippet sees another call's result there."""
+        if self.out_dirty:
+            self.out_bytes[: self.out_dirty] = 0
+            self.out_dirty = 0
 
     def read_exact(self, n: int) -> memoryview | None:
         buf = bytearray(n)
@@ -83,8 +92,10 @@ class _Channel:
         if head is None or payload is None:
             return None
         header = json.loads(bytes(head))
-        if "shm" in header:
-            return header, self.in_buf.slice(0, header["shm"])
+        if "shm" in header and self.shm_in is not None:
+            # a buffer over exactly this call's bytes: walking ``.parent`` from a column
+            # ends here, not at the whole region (the fabric zeroes the rest of it)
+            return header, pa.py_buffer(memoryview(self.shm_in)[: header["shm"]])
         return header, payload
 
     def send(self, header: dict, payload=b"") -> None:
@@ -206,6 +217,7 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
         _State.limit_hit = None
         reply: dict
         out_payload = b""
+        ch.wipe_output()
         try:
             table = pa.ipc.open_stream(payload).read_all()
             src = header["source"]
@@ -232,7 +244,7 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
             del table, env
             if guard.violations or _State.limit_hit:
                 raise _Limit("late")  # caught by the snippet: still report it
-            reply, out_payload = _encode_result(result, limits, ch.out_buf if ch.shm_out else None)
+            reply, out_payload = _encode_result(result, limits, ch)
         except BaseException as exc:  # everything the snippet does is reported, never fatal
             _State.in_snippet = False
             reply = _classify(exc, guard)
@@ -246,7 +258,7 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
         ch.send(reply, out_payload)
 
 
-def _encode_result(result, limits: dict, shm_out) -> tuple[dict, bytes]:
+def _encode_result(result, limits: dict, ch: _Channel) -> tuple[dict, bytes]:
     if type(result) is pa.RecordBatch:
         result = pa.Table.from_batches([result])
     if type(result) is not pa.Table:  # exactly: a subclass could run snippet code from here
@@ -269,8 +281,9 @@ def _encode_result(result, limits: dict, shm_out) -> tuple[dict, bytes]:
             f"returned {result.get_total_buffer_size()} bytes of Arrow data, over the output limit of {limits['output_bytes']}",
             None,
         ), b""
-    if shm_out is not None:
-        size = protocol.ipc_into(shm_out, result)
+    if ch.shm_out is not None:
+        size = protocol.ipc_into(ch.out_buf, result)
+        ch.out_dirty = len(ch.shm_out) if size is None else size  # a failed write is partial
         if size is not None and size <= limits["output_bytes"]:
             return {"status": "ok", "rows": result.num_rows, "shm": size}, b""
     # no region, or larger than it: measured here, sent through the pipe if allowed
