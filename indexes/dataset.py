@@ -81,6 +81,9 @@ class Dataset:
                 self.inverted[col] = InvertedIndex(col, t)
             else:
                 self.vectors[col] = VectorIndex(col, vector_dim(col, t), spec, fold_rows)
+        for col, vi in self.vectors.items():
+            if vi.spec.partition is not None:
+                self._attach_partitions(col, vi.spec.partition)
         self.scalar_names = [n for n in schema.names if n not in self.vectors]
         self.scalar_schema = pa.schema([schema.field(n) for n in self.scalar_names])
         self._batches: list[pa.RecordBatch] = []
@@ -255,11 +258,37 @@ class Dataset:
         with self.lock.write():
             vi.spec = self.specs[column] = dataclasses.replace(vi.spec, ef=ef)
 
+    def _attach_partitions(self, column: str, by: str) -> None:
+        from indexes.partition import Partitions
+
+        if by not in self.btrees:
+            have = f"; btree columns: {', '.join(self.btrees)}" if self.btrees else ""
+            raise DatasetError(
+                f"dataset {self.name!r}: hnsw partition={by!r} on {column!r} needs a btree index on {by!r}{have}"
+            )
+        vi = self.vectors[column]
+        vi.partitions = Partitions(vi, by, self.btrees[by])
+
+    def partition(self, column: str, by: str) -> None:
+        """Keep one HNSW graph per value of btree column ``by`` next to ``column``'s graph
+        (built by the folder, or by ``flush``; see indexes.partition)."""
+        import dataclasses
+
+        vi = self.vectors.get(column)
+        if vi is None:
+            raise DatasetError(f"dataset {self.name!r}: column {column!r} has no hnsw index")
+        with self.lock.write(), self.graph_lock.write():
+            self._attach_partitions(column, by)
+            vi.spec = self.specs[column] = dataclasses.replace(vi.spec, partition=by)
+        self._kick()
+
     def flush(self) -> None:
         """Fold every growing segment into its HNSW graph now (in this thread)."""
         with self.lock.write(), self.graph_lock.write():
             for vi in self.vectors.values():
                 vi.fold(self.alive, force=True)
+                if vi.partitions is not None:
+                    vi.partitions.catch_up(self.alive)
         with self._fold_cond:
             self._fold_cond.notify_all()
 
@@ -272,7 +301,10 @@ class Dataset:
         return max(1, min(vi.fold_rows, self.max_growing))
 
     def _due(self) -> bool:
-        return any(vi.pending() >= self._due_at(vi) for vi in self.vectors.values())
+        return any(
+            vi.pending() >= self._due_at(vi) or (vi.partitions is not None and vi.partitions.lag())
+            for vi in self.vectors.values()
+        )
 
     def _kick(self) -> None:
         """Wake the folder (started on first use) if a growing segment is due."""
@@ -329,6 +361,23 @@ class Dataset:
                     vi.graph.mark_deleted(r)
                     vi.in_graph -= 1
                 vi.folded = end
+            held += time.perf_counter() - t0
+            done += end - start
+        for vi in self.vectors.values():
+            p = vi.partitions
+            if p is None or not p.lag():
+                continue
+            with self.lock.read():
+                start = p.done
+                end, ids, keys = p.chunk(vi.folded, vi.chunk_rows(target), self.alive)
+                vecs = vi.vectors[ids]
+            t0 = time.perf_counter()
+            with self.graph_lock.write(polite=0.002 if busy else 0.0):
+                if p.done != start:  # flush() caught up meanwhile
+                    continue
+                p.add(end, ids, keys, vecs)
+                for r in ids[~self.alive[ids]].tolist():
+                    p.delete(r)
             held += time.perf_counter() - t0
             done += end - start
         self.fold_holds.append(held * 1e3)
@@ -521,6 +570,17 @@ class Dataset:
                     "dim": vi.dim,
                     "in_graph": vi.in_graph,
                     "growing": vi.n - vi.folded,
+                    **(
+                        {
+                            "partition": {
+                                "by": vi.partitions.column,
+                                "values": len(vi.partitions.graphs),
+                                "lag": vi.partitions.lag(),
+                            }
+                        }
+                        if vi.partitions is not None
+                        else {}
+                    ),
                 }
             return out
 

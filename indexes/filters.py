@@ -268,7 +268,8 @@ def _leaf(ds: Any, e: Expr, params: Mapping[str, Any], now: dt.datetime) -> Pred
                     f"session value {e.items.name!r} is not bound (needed by {text})"
                 )
             values = list(params[e.items.name])
-        elif all(is_constant(i) for i in e.items):
+        elif all(type(i) is Literal for i in e.items) or all(is_constant(i) for i in e.items):
+            # literals first: the common case needs no walk of every item's subtree
             values = [_const(i, params, now) for i in e.items]
         else:
             return None

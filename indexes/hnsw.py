@@ -24,6 +24,7 @@ import hnswlib
 import numpy as np
 import pyarrow as pa
 
+from indexes.partition import EfGate, Partitions
 from indexes.spec import DatasetError, IndexSpec
 
 GATHER_CHUNK = 2048
@@ -75,13 +76,8 @@ class VectorIndex:
         self.build_threads = max(1, os.cpu_count() or 1)
         self.fold_ms_per_row = 0.5  # measured graph insert cost (moving average)
         self._local = threading.local()
-        # hnswlib keeps one ef per index (set_ef), read by every knn_query running on it:
-        # the gate lets searches with the same ef run together and makes one that needs
-        # another ef wait until they drain (newcomers queue behind it: no starvation)
-        self._ef_cond = threading.Condition(threading.Lock())
-        self._ef_now = spec.ef
-        self._ef_users = 0
-        self._ef_waiting: dict[int, int] = {}
+        self.gate = EfGate(spec.ef)  # one ef per hnswlib index: see EfGate
+        self.partitions: Partitions | None = None  # per-value graphs (indexes.partition)
 
     # ------------------------------------------------------------------ storage
     def _aux(self, m: np.ndarray) -> np.ndarray:
@@ -126,6 +122,8 @@ class VectorIndex:
         ids = ids[alive[self.folded : end]]
         self.insert(ids, self.vectors[ids], threads)
         self.folded = end
+        if self.partitions is not None:
+            self.partitions.catch_up(alive)
         return len(ids)
 
     def insert(self, ids: np.ndarray, vecs: np.ndarray, threads: int | None = None) -> None:
@@ -158,6 +156,8 @@ class VectorIndex:
             self.fold_ms_per_row = 0.7 * self.fold_ms_per_row + 0.3 * ms
 
     def delete(self, rowid: int) -> None:
+        if self.partitions is not None:
+            self.partitions.delete(rowid)
         if rowid < self.folded:
             try:
                 self.graph.mark_deleted(int(rowid))
@@ -202,36 +202,14 @@ class VectorIndex:
         if k <= 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)
         ef = max(ef, k)
-        self._ef_enter(ef)
+        self.gate.enter(self.graph, ef)
         try:
             labels, dists = self.graph.knn_query(q, k=k, num_threads=1, filter=filter)
         except RuntimeError:  # fewer than k reachable (filter too tight or many deletions)
             return np.empty(0, np.int64), np.empty(0, np.float32)
         finally:
-            self._ef_exit()
+            self.gate.exit()
         return labels[0].astype(np.int64), dists[0]
-
-    def _ef_enter(self, ef: int) -> None:
-        with self._ef_cond:
-            if self._ef_users and (self._ef_now != ef or self._ef_waiting):
-                self._ef_waiting[ef] = self._ef_waiting.get(ef, 0) + 1
-                while self._ef_users and (
-                    self._ef_now != ef or any(e != ef for e in self._ef_waiting)
-                ):
-                    self._ef_cond.wait()
-                self._ef_waiting[ef] -= 1
-                if not self._ef_waiting[ef]:
-                    del self._ef_waiting[ef]
-            if self._ef_now != ef:
-                self.graph.set_ef(ef)
-                self._ef_now = ef
-            self._ef_users += 1
-
-    def _ef_exit(self) -> None:
-        with self._ef_cond:
-            self._ef_users -= 1
-            if not self._ef_users:
-                self._ef_cond.notify_all()
 
     def nbytes(self) -> int:
         M = self.spec.M
@@ -239,7 +217,8 @@ class VectorIndex:
             self.graph.get_max_elements() * (self.dim * 4 + 2 * M * 4 + 8 + 8)
             + self.in_graph * M * 4 // 8
         )
-        return self.n * (self.dim * 4 + 4) + graph
+        parts = self.partitions.nbytes() if self.partitions is not None else 0
+        return self.n * (self.dim * 4 + 4) + graph + parts
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str) -> None:
@@ -255,4 +234,4 @@ class VectorIndex:
         g.set_ef(self.spec.ef)
         g.set_num_threads(1)
         self.graph = g
-        self._ef_now = self.spec.ef
+        self.gate.now = self.spec.ef

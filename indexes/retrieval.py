@@ -41,7 +41,7 @@ import numpy as np
 from pyroaring import BitMap
 
 from dsl.ast import Expr
-from indexes.btree import array_of, bitmap_of
+from indexes.btree import Range, array_of, bitmap_of
 from indexes.cost import CostModel
 from indexes.filters import (
     AndPred,
@@ -56,7 +56,8 @@ from indexes.filters import (
 from indexes.hnsw import VectorIndex
 from indexes.spec import DatasetError
 
-STRATEGIES = ("postfilter", "insearch", "prefilter", "exact")
+STRATEGIES = ("postfilter", "insearch", "prefilter", "exact", "partition")
+MAX_PARTITION_VALUES = 64  # an `in` list longer than this is not walked value by value
 KPRIME_CAP = 4096  # largest post-filter oversampling
 OVERSAMPLE = 1.5
 MATERIALIZE_FRACTION = (
@@ -315,14 +316,17 @@ def search(
         if exact_count and c == n:  # every live row passes: costs what no filter costs
             pred, cand = None, None
     info.candidates, info.candidates_exact = c, exact_count
+    plan = _partition_plan(vi, pred)
     alts = _costs(ds, vi, cm, pred, cand, c, n, k, ef, info.feedback_key)
+    if plan is not None:
+        alts["partition"] = _partition_cost(vi, cm, plan, cand, c, n, k, ef)
     info.alternatives = list(alts.values())
     if strategy is not None:
         info.chosen, info.forced = strategy, True
     else:
         info.chosen = min(info.alternatives, key=lambda a: a.cost_ms).strategy
     info.plan_ms = (time.perf_counter() - t0) * 1e3
-    ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info)
+    ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, plan)
     if strategy is None and pred is not None:
         for s, p in ds.feedback.get(info.feedback_key, {}).items():
             if s != info.chosen:  # forget slowly, so a strategy that failed gets retried
@@ -457,9 +461,15 @@ def _run(
     c: int,
     exact_count: bool,
     info: RetrievalExplain,
+    plan: tuple[list[Any], Pred | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     s = info.chosen
     info.executed = s
+    if s == "partition":
+        if plan is not None:
+            return _partition(ds, vi, cm, q, k, ef, pred, cand, plan, info)
+        info.guard = "no per-value graph answers this filter (declare hnsw partition=<column>)"
+        s = info.executed = "prefilter"
     if s == "exact":
         info.guarantee = "exact"
         return _exact_scan(ds, vi, q, k, pred, cand)
@@ -641,3 +651,158 @@ def _insearch(
     else:
         info.guarantee = "graph"
     return _merge((labels, dists), _growing(ds, vi, q, k, cand, None, cm), k)
+
+
+# ---------------------------------------------------------------------- per-value graphs
+
+
+def _pinned(p: Pred, column: str) -> list[Any] | None:
+    """Keys of the values ``p`` pins ``column`` to (an ``=`` or ``in`` on it), else None."""
+    if not isinstance(p, RangePred) or p.column != column:
+        return None
+    out = []
+    for r in p.ranges:
+        if not (r.lo_inclusive and r.hi_inclusive) or r.lo is None or r.lo != r.hi:
+            return None
+        out.append(p.bt.key_of(r.lo))
+    return out if len(out) <= MAX_PARTITION_VALUES else None
+
+
+def _partition_plan(vi: VectorIndex, pred: Pred | None) -> tuple[list[Any], Pred | None] | None:
+    """(values, the other conjuncts) when the filter pins the partition column."""
+    if vi.partitions is None or pred is None:
+        return None
+    col = vi.partitions.column
+    keys = _pinned(pred, col)
+    if keys is not None:
+        return keys, None
+    if isinstance(pred, AndPred):
+        for i, c in enumerate(pred.children):
+            keys = _pinned(c, col)
+            if keys is not None:
+                rest = [x for j, x in enumerate(pred.children) if j != i]
+                return keys, rest[0] if len(rest) == 1 else AndPred(pred.ds, rest)
+    return None
+
+
+def _rest_kp(rest: Pred | None, k: int, n: int) -> int:
+    if rest is None:
+        return k
+    sel = rest.estimate().rows / max(n, 1)
+    return min(KPRIME_CAP, math.ceil(k * OVERSAMPLE / max(sel, 1e-9)) + k)
+
+
+def _partition_cost(
+    vi: VectorIndex,
+    cm: CostModel,
+    plan: tuple[list[Any], Pred | None],
+    cand: BitMap | None,
+    c: int,
+    n: int,
+    k: int,
+    ef: int,
+) -> Alternative:
+    keys, rest = plan
+    parts = vi.partitions
+    assert parts is not None
+    kp = _rest_kp(rest, k, n)
+    walk = 0.0
+    walked = 0
+    big = math.log2(max(vi.in_graph, 2) + 2)
+    for key in keys:
+        size = parts.size(key)
+        if size:
+            walked += 1
+            # a walk's cost grows with the graph's depth: scale the main graph's figure
+            shrink = max(0.3, math.log2(size + 2) / big)
+            walk += 0.01 + cm.hnsw_ms(max(ef, kp), vi.dim, vi.column) * shrink
+            if rest is not None:
+                walk += check_ms(rest, cand, kp, cm, n)
+    tail = vi.n - parts.done
+    if tail > 0:  # rows not yet in a per-value graph: exact on their candidates
+        hits = (
+            cand.range_cardinality(parts.done, vi.n)
+            if cand is not None
+            else int(tail * c / max(n, 1))
+        )
+        walk += cm.exact_ms(hits, vi.dim, False)
+    return Alternative(
+        "partition",
+        cm.fixed_ms("partition") + walk,
+        f"{walked} per-value graph(s) of {parts.column}, k'={kp}"
+        + (f", {tail} rows not in them" if tail > 0 else ""),
+    )
+
+
+def _partition(
+    ds: Any,
+    vi: VectorIndex,
+    cm: CostModel,
+    q: np.ndarray,
+    k: int,
+    ef: int,
+    pred: Pred | None,
+    cand: BitMap | None,
+    plan: tuple[list[Any], Pred | None],
+    info: RetrievalExplain,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Walk the graph of every pinned value, post-filter the other conjuncts inside it, and
+    merge. Each walk must itself keep min(k, that value's candidates in its graph) rows;
+    a walk that falls short widens once by its observed pass rate or (guards on) the
+    value's candidates answer exactly. Rows not yet in a per-value graph are scanned
+    exactly."""
+    keys, rest = plan
+    parts = vi.partitions
+    assert parts is not None
+    n = max(len(ds.live), 1)
+    lo = parts.done
+    kp = _rest_kp(rest, k, n)
+    got: list[tuple[np.ndarray, np.ndarray]] = []
+    exact_keys, unverified = 0, []
+    for key in keys:
+        size = parts.size(key)
+        if not size:
+            continue
+        labels, dists = parts.knn(key, q, kp, max(ef, kp))
+        walked = len(labels)
+        if rest is None:
+            need = min(k, size)
+        else:
+            labels, dists = _keep(ds, labels, dists, rest, cand)
+            need = k
+            if cand is not None:
+                in_graph = parts.bt.rows([Range.point(key)]) & cand
+                need = min(k, in_graph.range_cardinality(0, lo) if lo < vi.n else len(in_graph))
+        if len(labels) < need and rest is not None and walked >= kp and len(labels):
+            kp2 = math.ceil(need * OVERSAMPLE / (len(labels) / walked)) + k
+            if kp2 <= KPRIME_CAP:
+                labels, dists = parts.knn(key, q, kp2, kp2)
+                labels, dists = _keep(ds, labels, dists, rest, cand)
+        if len(labels) < need:
+            if not info.guards:
+                unverified.append(f"{key!r} kept {len(labels)} < {need}")
+            else:  # exact on this value's candidates below ``lo`` (the tail comes below)
+                kb = parts.bt.rows([Range.point(key)])
+                kb = (
+                    kb & cand if cand is not None else (rest.evaluate(kb & ds.live) if rest else kb)
+                )
+                below = BitMap()
+                below.add_range(0, lo)
+                labels, dists = exact_on(vi, q, array_of(kb & below), k, cm)
+                exact_keys += 1
+        got.append((labels, dists))
+    if lo < vi.n:  # rows not yet in a per-value graph
+        seg = BitMap()
+        seg.add_range(lo, vi.n)
+        seg = seg & cand if cand is not None else pred.evaluate(seg & ds.live)  # type: ignore[union-attr]
+        got.append(exact_on(vi, q, array_of(seg), k, cm))
+    if exact_keys:
+        info.guard = (
+            f"{exact_keys} of {len(keys)} value walk(s) fell short: exact on their candidates"
+        )
+    info.guarantee = f"unverified: {'; '.join(unverified)}" if unverified else "graph"
+    if not got:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    ids = np.concatenate([g[0] for g in got])
+    d = np.concatenate([g[1].astype(np.float32) for g in got])
+    return topk(ids, d, k)

@@ -25,6 +25,7 @@ class IndexSpec:
     M: int = 16
     ef_construction: int = 200
     ef: int = 64
+    partition: str | None = None  # hnsw only: a btree column with one graph per value
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -40,7 +41,9 @@ class IndexSpec:
                 raise DatasetError(
                     f"hnsw parameters must be positive (M={self.M}, ef_construction={self.ef_construction}, ef={self.ef})"
                 )
-        elif self.metric is not None:
+        elif self.partition is not None:
+            raise DatasetError(f"partition= only applies to hnsw indexes, not {self.kind}")
+        if self.kind != "hnsw" and self.metric is not None:
             raise DatasetError(
                 f"metric={self.metric!r} only applies to hnsw indexes, not {self.kind}"
             )
@@ -53,10 +56,10 @@ class IndexSpec:
         if isinstance(value, str):
             return cls(value)
         if isinstance(value, dict):
-            unknown = set(value) - {"kind", "metric", "M", "ef_construction", "ef"}
+            unknown = set(value) - {"kind", "metric", "M", "ef_construction", "ef", "partition"}
             if unknown:
                 raise DatasetError(
-                    f"unknown index option(s) {sorted(unknown)}; allowed: kind, metric, M, ef_construction, ef"
+                    f"unknown index option(s) {sorted(unknown)}; allowed: kind, metric, M, ef_construction, ef, partition"
                 )
             return cls(**value)
         raise DatasetError(f"an index is declared as a kind name or a mapping, got {value!r}")
@@ -68,4 +71,5 @@ class IndexSpec:
             "M": self.M,
             "ef_construction": self.ef_construction,
             "ef": self.ef,
+            **({"partition": self.partition} if self.partition else {}),
         }
