@@ -214,6 +214,7 @@ def test_query_explain_validate_never_show_the_password(root: Path) -> None:
             assert MARKER not in repr(conn)
 
 
+@pytest.mark.slow
 def test_cli_never_shows_the_password(root: Path, env: dict[str, str]) -> None:
     cmds = [
         ["validate", "--config", "fabric.yaml"],

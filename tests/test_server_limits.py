@@ -105,6 +105,7 @@ def test_half_open_requests_time_out_and_healthz_answers(tmp_path: Path) -> None
                 s.close()
 
 
+@pytest.mark.slow
 def test_past_the_connection_cap_the_oldest_half_open_makes_room(tmp_path: Path) -> None:
     """Under a file-descriptor limit of 256, 300 half-open connections (which exhaust it
     without a cap) still leave /healthz answering; the first ones were closed for it."""
