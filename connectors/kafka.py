@@ -866,7 +866,7 @@ class KafkaConnection(Connection):
         return min(budget, self.timeout) if budget else self.timeout
 
     def error(self, exc: BaseException, obj: str = "") -> SourceError:
-        err = exc.args[0] if isinstance(exc.args, tuple) and exc.args else None
+        err: Any = exc.args[0] if exc.args else None
         text = err.str() if hasattr(err, "str") else str(exc)
         return SourceError(
             self.uri(obj),

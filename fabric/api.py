@@ -233,6 +233,19 @@ class Fabric:
             raise LookupError("this fabric was opened offline: no datasets are materialized")
         return self.service.manager.dataset(name)
 
+    def refresh(self, name: str) -> dict[str, Any]:
+        """Refresh dataset ``name`` from its table, collection or file now (its
+        ``refresh:`` mode); returns what was read. Kafka-fed datasets ingest continuously."""
+        if self.service is None:
+            raise LookupError("this fabric was opened offline: no datasets are materialized")
+        mgr = self.service.manager
+        if name not in mgr.refreshers:
+            mgr.dataset(name)  # unknown name: KeyError with the existing ones
+            raise LookupError(
+                f"dataset {name!r} is not fed from a table, collection or file (from: ...)"
+            )
+        return mgr.refreshers[name].refresh()
+
     def catch_up_timeout(self, timeout: float | None = None) -> float:
         """``timeout``, else the longest ``timeout`` of the Kafka connections feeding
         datasets (10 s by default)."""
@@ -243,7 +256,10 @@ class Fabric:
             for d in self.config.datasets.values()
             if d.from_uri and d.from_uri.startswith("kafka://")
         }
-        return max((float(self.catalog.connection(c).timeout) for c in conns), default=10.0)
+        return max(
+            (float(getattr(self.catalog.connection(c), "timeout", 10.0)) for c in conns),
+            default=10.0,
+        )
 
     def catch_up(self, timeout: float | None = None) -> bool:
         """Wait until every dataset ingested here has applied everything the broker held

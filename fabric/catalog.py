@@ -224,7 +224,12 @@ class Catalog:
             src = conn.source(obj, opts or None)
             schema = declared if declared is not None else src.schema()
         except UnknownObjectError as e:
-            what = {"mongo": "collections", "kafka": "topics", "s3": "objects"}.get(kind, "tables")
+            what = {
+                "mongo": "collections",
+                "kafka": "topics",
+                "s3": "objects",
+                "file": "files",
+            }.get(kind, "tables")
             raise DslError.at(
                 f"{uri} does not exist", span, did_you_mean(obj, e.existing, what)
             ) from None

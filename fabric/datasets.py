@@ -15,10 +15,12 @@ a materialized dataset (bindings read it as ``dataset://news``), the URI otherwi
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dsl.errors import did_you_mean
 from fabric.freshness import FreshnessTracker
@@ -47,6 +50,8 @@ class DatasetDecl:
         default_factory=dict
     )  # column -> 'btree' | {'kind': 'hnsw', ...}
     from_uri: str | None = None  # kafka://<connection>/<topic>, or None (filled through upsert)
+    #: fabric.config.RefreshConfig of a dataset fed from a table, collection or file
+    refresh: Any = None
 
     def kafka_feed(self) -> tuple[str, str] | None:
         """(connection, topic) when fed from Kafka."""
@@ -66,7 +71,14 @@ class DatasetDecl:
                 f"dataset {d.name}: a materialized dataset needs 'key:' (the column rows are upserted by)"
             )
         indexes = {i.column: {"kind": i.kind, **_index_options(i.options)} for i in d.indexes}
-        return cls(d.name, d.schema, d.key, indexes, d.from_uri)
+        return cls(d.name, d.schema, d.key, indexes, d.from_uri, getattr(d, "refresh", None))
+
+    def refreshed_from(self) -> tuple[str, str] | None:
+        """(connection, object) when materialized from a non-Kafka source."""
+        if not self.from_uri or self.kafka_feed() is not None:
+            return None
+        conn, _, obj = self.from_uri.split("://", 1)[1].partition("/")
+        return conn, obj
 
 
 def _index_options(opts: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,6 +119,11 @@ class DatasetManager:
         self.thresholds = dict(thresholds or {})
         self.datasets: dict[str, Any] = {}
         self.ingestors: dict[str, KafkaIngestor] = {}
+        self.refreshers: dict[str, Refresher] = {}
+        self._saved_version: dict[str, int] = {}  # Dataset.version when last checkpointed
+        self._meta: dict[str, Mapping[str, Any]] = {}  # the loaded checkpoint's meta
+        self._persister: threading.Thread | None = None
+        self._stop = threading.Event()
         self._offsets: dict[str, dict[int, int]] = {}
         self._resume: dict[str, dict[str, Any]] = {}  # the checkpoint meta each was loaded from
         self._recovery: dict[str, str] = {}  # why a dataset is replayed or rebuilt (checkpoints)
@@ -126,7 +143,10 @@ class DatasetManager:
         """Create or load every dataset (no ingestion yet)."""
         for d in self.decls.values():
             if d.name not in self.datasets:
-                self.datasets[d.name] = self._load_or_create(d)
+                self.datasets[d.name] = ds = self._load_or_create(d)
+                self._saved_version[d.name] = ds.version
+            if d.refreshed_from() is not None and d.name not in self.refreshers:
+                self.refreshers[d.name] = Refresher(self, d, self._meta.get(d.name, {}))
         return self
 
     def _load_or_create(self, d: DatasetDecl) -> Any:
@@ -148,11 +168,12 @@ class DatasetManager:
         if ck is not None:
             if ds.schema.remove_metadata() == d.schema.remove_metadata() and ds.key == d.key:
                 self._offsets[d.name] = dict(ck.offsets)
+                self._meta[d.name] = dict(ck.meta)
                 self._resume[d.name] = dict(ck.meta)
                 self._saved_at[d.name] = float(ck.meta.get("saved_at") or 0.0) or None
                 log.info("dataset %s: loaded checkpoint %s (%d rows)", d.name, ck.path, ds.count())
                 return ds
-            if d.kafka_feed() is None:
+            if d.from_uri is None:
                 raise ValueError(
                     f"dataset {d.name}: the saved copy in {sdir} has a different schema or key than fabric.yaml; "
                     f"it is not fed from Kafka, so it cannot be rebuilt: restore the old declaration, "
@@ -160,7 +181,7 @@ class DatasetManager:
                 )
             aside = sdir.with_name(f"{d.name}.replaced-{int(time.time())}")
             log.warning(
-                "dataset %s: schema/key changed; moving %s to %s and rebuilding from %s",
+                "dataset %s: schema/key changed; moving %s to %s and reloading from %s",
                 d.name,
                 sdir,
                 aside,
@@ -176,6 +197,11 @@ class DatasetManager:
         if name not in self._opened:
             self._opened[name] = open_connection(name, {"kind": "kafka", **self.connections[name]})
         return self._opened[name]
+
+    def source(self, uri: str) -> Any:
+        """The ``connectors`` source of a non-Kafka ``from:`` URI."""
+        conn, _, obj = uri.split("://", 1)[1].partition("/")
+        return self.connection_factory(conn).source(obj)
 
     def dataset(self, name: str) -> Any:
         try:
@@ -245,7 +271,9 @@ class DatasetManager:
         return out
 
     def refresh_freshness(self, name: str) -> dict[str, Any] | None:
-        return None
+        """Freshness of a refreshed dataset: its refresh watermark against the source's."""
+        r = self.refreshers.get(name)
+        return None if r is None else r.freshness()
 
     def group_id(self, name: str) -> str:
         return f"{self.group_prefix}.{self.config_name}.{name}"
@@ -253,8 +281,18 @@ class DatasetManager:
     # ------------------------------------------------------------------ ingestion
 
     def start(self) -> DatasetManager:
-        """Open the datasets and start one ingestor per Kafka-fed dataset."""
+        """Open the datasets, start one ingestor per Kafka-fed dataset, refresh the
+        datasets fed from tables, collections and files that are due (then on their
+        ``every`` schedule), and checkpoint upserted datasets every
+        ``checkpoint_interval`` seconds."""
         self.open()
+        for r in self.refreshers.values():
+            r.start()
+        if self._persister is None and self.checkpoint_interval:
+            self._persister = threading.Thread(
+                target=self._persist_loop, name="fabric-persist", daemon=True
+            )
+            self._persister.start()
         for d in self.decls.values():
             feed = d.kafka_feed()
             if feed is None or d.name in self.ingestors:
@@ -301,20 +339,66 @@ class DatasetManager:
             i.wait_caught_up(max(0.0, deadline - time.monotonic())) for i in self.ingestors.values()
         )
 
-    def save(self, name: str) -> checkpoint.Checkpoint:
-        """Checkpoint a dataset filled through upsert (Kafka-fed ones checkpoint themselves)."""
+    def save(self, name: str, meta: Mapping[str, Any] | None = None) -> checkpoint.Checkpoint:
+        """Checkpoint a dataset filled through upsert or refreshed from its source (Kafka-fed
+        ones checkpoint themselves), in the same store: ``<state>/<name>/ckpt-<seq>``."""
         if name in self.ingestors:
             raise ValueError(
                 f"dataset {name} is fed from Kafka; its ingestor writes its checkpoints"
             )
-        return checkpoint.write(
-            self.state_dir / name, self.dataset(name).save, {}, {"dataset": name}
-        )
+        if not self._lock(name):
+            raise RuntimeError(
+                f"dataset {name}: another process holds {self.state_dir / name} and writes "
+                "its checkpoints; changes made here stay in this process"
+            )
+        ds = self.dataset(name)
+        version = ds.version
+        ck = checkpoint.write(self.state_dir / name, ds.save, {}, {"dataset": name, **(meta or {})})
+        self._saved_version[name] = version
+        return ck
+
+    def dirty(self) -> list[str]:
+        """Datasets not fed from a source whose rows changed since their last checkpoint."""
+        return [
+            n
+            for n, ds in self.datasets.items()
+            if self.decls[n].from_uri is None and ds.version != self._saved_version.get(n)
+        ]
+
+    def persist(self) -> list[str]:
+        """Checkpoint every dirty upserted dataset this process may write; returns them."""
+        done = []
+        for name in self.dirty():
+            try:
+                self.save(name)
+                done.append(name)
+            except RuntimeError as exc:
+                log.warning("%s", exc)
+                self._saved_version[name] = self.datasets[name].version  # warn once
+        return done
+
+    def _persist_loop(self) -> None:
+        while not self._stop.wait(self.checkpoint_interval):
+            try:
+                self.persist()
+            except Exception:  # keep trying; a full disk must not stop the fabric
+                log.exception("persisting upserted datasets failed")
 
     def stop(self, checkpoint_now: bool = True) -> None:
+        self._stop.set()
+        for r in self.refreshers.values():
+            r.stop()
+        if self._persister is not None:
+            self._persister.join(30)
+            self._persister = None
         for ing in self.ingestors.values():
             ing.stop(checkpoint_now=checkpoint_now)
         self.ingestors.clear()
+        if checkpoint_now:
+            try:
+                self.persist()
+            except Exception:
+                log.exception("persisting upserted datasets at stop failed")
         for f in self._locks.values():
             f.close()  # releases the flock
         self._locks.clear()
@@ -336,6 +420,305 @@ class DatasetManager:
             return False
         self._locks[name] = f
         return True
+
+
+class Refresher:
+    """Keeps one dataset materialized from a table, collection or file (``refresh:``).
+
+    ``full``: scan the whole source; upsert every row and delete the keys it no longer
+    has. ``append``: scan the rows whose cursor column is >= the largest value held (the
+    filter is pushed to the source when it can take it; the boundary value is read again
+    so rows sharing it are not missed, and upserts by key make that idempotent).
+    ``changes`` (MongoDB): a full read, then the collection's change stream applied as it
+    comes (inserts/updates/replaces upserted, deletes by key). After each refresh the
+    dataset and the refresh watermark are checkpointed in the dataset's state directory
+    (the same store Kafka-fed datasets use), so a reopen starts from them.
+
+    Freshness (``freshness()``): the refresh watermark (when the last refresh started:
+    everything the source held then is in the dataset) against the source's own
+    watermark (``Source.watermark()``; S3/file: newest object modification, SQL/Mongo:
+    query time). If the source has not changed since the refresh started, the lag is 0;
+    otherwise the dataset is as old as its last refresh.
+    """
+
+    def __init__(self, manager: DatasetManager, decl: DatasetDecl, meta: Mapping[str, Any]):
+        self.manager = manager
+        self.decl = decl
+        cfg = decl.refresh
+        self.mode: str = getattr(cfg, "mode", "full")
+        self.every: float | None = getattr(cfg, "every_seconds", None)
+        self.cursor: str | None = getattr(cfg, "cursor", None)
+        saved = dict(meta.get("refresh") or {})
+        self.started_at: float | None = saved.get("started_at")  # the refresh watermark
+        self.finished_at: float | None = saved.get("finished_at")
+        self.cursor_value: Any = _from_json(saved.get("cursor_value"))
+        self.last_error: str | None = None
+        self.refreshes = 0
+        self.last: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stream: Any = None
+
+    @property
+    def dataset(self) -> Any:
+        return self.manager.datasets[self.decl.name]
+
+    def due(self) -> bool:
+        """Refresh at start: never refreshed, no schedule (once per open), or its time."""
+        if self.started_at is None or self.every is None:
+            return True
+        return time.time() - self.started_at >= self.every
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        if self.due():
+            self._refresh_logged()
+        if self.mode == "changes" or self.every is not None:
+            self._thread = threading.Thread(
+                target=self._loop, name=f"fabric-refresh-{self.decl.name}", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                self._stream.close()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+
+    def _loop(self) -> None:
+        if self.mode == "changes":
+            self._follow_changes()
+            return
+        assert self.every is not None
+        while not self._stop.wait(self.every):
+            self._refresh_logged()
+
+    def _refresh_logged(self) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:  # the dataset keeps serving; freshness reports the error
+            self.last_error = f"refresh from {self.decl.from_uri} failed: {exc}"
+            log.warning("dataset %s: %s", self.decl.name, self.last_error)
+
+    # ---------------------------------------------------------------- one refresh
+
+    def refresh(self) -> dict[str, Any]:
+        """Read the source (all of it, or past the cursor) into the dataset; checkpoint."""
+        from connectors.base import ScanRequest
+
+        with self._lock:
+            started = time.time()
+            src = self.manager.source(self.decl.from_uri or "")
+            names = self.decl.schema.names
+            missing = [c for c in names if c not in src.schema().names]
+            if missing:
+                raise ValueError(
+                    f"{self.decl.from_uri} has no column(s) {', '.join(missing)} declared in "
+                    f"the schema of dataset {self.decl.name}; it has {', '.join(src.schema().names)}"
+                )
+            request = ScanRequest(columns=tuple(names), timeout=None)
+            incremental = self.mode == "append" and self.cursor_value is not None
+            pushed = False
+            if incremental:
+                request, pushed = self._cursor_request(src, request)
+            table = pa.Table.from_batches(list(src.scan(request)))
+            if incremental and not pushed:  # the source could not take the filter
+                table = table.filter(
+                    pc.greater_equal(table[self.cursor], pa.scalar(self.cursor_value))
+                )
+            ds = self.dataset
+            table = table.select(names)
+            deleted = 0
+            if self.mode in ("full", "changes"):
+                key = self.decl.key
+                new = set(table.column(key).to_pylist())
+                old = set(ds.to_table([key]).column(key).to_pylist()) if ds.count() else set()
+                gone = list(old - new)
+                if gone:
+                    deleted = ds.delete(gone)
+            if table.num_rows:
+                ds.upsert(table)
+            if self.cursor is not None and table.num_rows:
+                mx = pc.max(table[self.cursor]).as_py()
+                if mx is not None and (self.cursor_value is None or mx > self.cursor_value):
+                    self.cursor_value = mx
+            self.started_at, self.finished_at = started, time.time()
+            self.last_error = None
+            self.refreshes += 1
+            self.last = {
+                "mode": "append"
+                if incremental
+                else ("full" if self.mode != "append" else "append (first: full)"),
+                "rows_read": table.num_rows,
+                "deleted": deleted,
+                "pushed_cursor": pushed,
+                "seconds": round(self.finished_at - started, 3),
+            }
+            self._checkpoint()
+            return self.last
+
+    def _cursor_request(self, src: Any, request: Any) -> tuple[Any, bool]:
+        import dataclasses
+
+        from connectors.base import Pushdown
+        from dsl.ast import Binary, Column, Param
+
+        expr = Binary(">=", Column(self.cursor or ""), Param("__fabric_cursor"))
+        try:
+            if src.supports_filter(expr) is Pushdown.UNSUPPORTED:
+                return request, False
+        except Exception:
+            return request, False
+        return (
+            dataclasses.replace(
+                request, filters=(expr,), params={"__fabric_cursor": self.cursor_value}
+            ),
+            True,
+        )
+
+    def _checkpoint(self) -> None:
+        meta = {
+            "from": self.decl.from_uri,
+            "refresh": {
+                "mode": self.mode,
+                "started_at": self.started_at,
+                "finished_at": self.finished_at,
+                "cursor": self.cursor,
+                "cursor_value": _to_json(self.cursor_value),
+            },
+        }
+        try:
+            self.manager.save(self.decl.name, meta)
+        except RuntimeError as exc:  # another process writes this state directory
+            log.info("%s", exc)
+
+    # ---------------------------------------------------------------- change streams
+
+    def _follow_changes(self) -> None:
+        """Apply the Mongo collection's change stream (resuming after errors)."""
+        conn_name, coll_name = self.decl.refreshed_from() or ("", "")
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                conn = self.manager.connection_factory(conn_name)
+                coll = conn.db[coll_name]
+                with coll.watch(full_document="updateLookup", max_await_time_ms=200) as stream:
+                    self._stream = stream
+                    if self.started_at is None:
+                        self.refresh()
+                    while not self._stop.is_set() and stream.alive:
+                        change = stream.try_next()
+                        if change is None:
+                            continue
+                        self._apply_change(change)
+                        backoff = 0.5
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                self.last_error = f"change stream of {self.decl.from_uri}: {exc}"
+                log.warning("dataset %s: %s", self.decl.name, self.last_error)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _apply_change(self, change: Mapping[str, Any]) -> None:
+        op = change.get("operationType")
+        key = self.decl.key
+        with self._lock:
+            if op in ("insert", "update", "replace") and change.get("fullDocument"):
+                doc = change["fullDocument"]
+                row = {c: _mongo_value(doc.get(c)) for c in self.decl.schema.names}
+                self.dataset.upsert(pa.Table.from_pylist([row], schema=self.decl.schema))
+            elif op == "delete":
+                dk = change.get("documentKey") or {}
+                if key == "_id":
+                    self.dataset.delete([_mongo_value(dk.get("_id"))])
+                else:  # find the row by its _id, kept as a column or not at all
+                    self._delete_by_id(dk.get("_id"))
+            else:
+                return
+            self.started_at = time.time()  # everything up to this change is applied
+            self.refreshes += 1
+
+    def _delete_by_id(self, oid: Any) -> None:
+        if "_id" in self.decl.schema.names:
+            t = self.dataset.to_table(["_id", self.decl.key])
+            mask = pc.equal(t["_id"], str(oid))
+            keys = t.filter(mask).column(self.decl.key).to_pylist()
+            if keys:
+                self.dataset.delete(keys)
+        else:
+            self.last_error = (
+                f"a delete in {self.decl.from_uri} could not be applied: the dataset has no "
+                "_id column to find the row by (declare _id: str in its schema)"
+            )
+
+    # ---------------------------------------------------------------- freshness
+
+    def freshness(self) -> dict[str, Any]:
+        """``{lag_messages: None, lag_seconds, event_time, error?, refresh}`` (see class)."""
+        now = time.time()
+        out: dict[str, Any] = {
+            "lag_messages": None,
+            "lag_seconds": None,
+            "event_time": self.started_at,
+            "refresh": {"mode": self.mode, "every": self.every, **self.last},
+        }
+        if self.started_at is None:
+            out["error"] = self.last_error or f"never refreshed from {self.decl.from_uri}"
+            return out
+        if self.mode == "changes" and self._thread is not None and self.last_error is None:
+            out["lag_seconds"] = 0.0  # the change stream applies as it comes
+            return out
+        try:
+            src_time = self.manager.source(self.decl.from_uri or "").watermark().event_time
+        except Exception as exc:
+            src_time = None
+            out["error"] = f"source watermark: {exc}"
+        unchanged = src_time is not None and src_time <= self.started_at
+        out["lag_seconds"] = 0.0 if unchanged else max(0.0, now - self.started_at)
+        out["source_watermark"] = src_time
+        if self.last_error:
+            out["error"] = self.last_error
+        return out
+
+
+def _to_json(v: Any) -> Any:
+    import datetime as dt
+    import decimal
+
+    if isinstance(v, dt.datetime):
+        return {"datetime": v.isoformat()}
+    if isinstance(v, dt.date):
+        return {"date": v.isoformat()}
+    if isinstance(v, decimal.Decimal):
+        return {"decimal": str(v)}
+    return v
+
+
+def _from_json(v: Any) -> Any:
+    import datetime as dt
+    import decimal
+
+    if isinstance(v, dict):
+        if "datetime" in v:
+            return dt.datetime.fromisoformat(v["datetime"])
+        if "date" in v:
+            return dt.date.fromisoformat(v["date"])
+        if "decimal" in v:
+            return decimal.Decimal(v["decimal"])
+    return v
+
+
+def _mongo_value(v: Any) -> Any:
+    """A BSON value as the dataset stores it (ObjectIds as strings)."""
+    if type(v).__name__ == "ObjectId":
+        return str(v)
+    return v
 
 
 def nearest(word: str, choices: Iterable[str], what: str) -> str:
