@@ -352,6 +352,7 @@ class KafkaIngestor:
         self.recovering: str | None = recovery
         self._rebuild: str | None = None  # set by the lag thread: rebuild on the ingest thread
         self._verify_at = 0.0  # monotonic time of the next topic check (0: at once)
+        self._suspect_at = 0.0  # the same, when the watermarks look truncated
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -804,15 +805,16 @@ class KafkaIngestor:
         self._lag_backoff = self.options.lag_interval
         self._next_lag = time.monotonic() + self.options.lag_interval
         self._ok("broker")
-        behind = {p: d for p, d in detail.items() if d["high"] < offsets.get(int(p), 0)}
-        if behind and self._rebuild is None:
-            part, d = next(iter(behind.items()))
-            self._request_rebuild(
-                f"partition {part} ends at offset {d['high']} but the dataset holds messages "
-                f"up to {offsets[int(part)] - 1}: the topic was truncated or recreated"
-            )
-        elif now >= self._verify_at and self._rebuild is None:
+        # the end below the next offset: truncated or recreated (noida-db loses acknowledged
+        # messages on kill -9) -- or Tansu, whose high watermark lags: the last message
+        # applied, read again, tells (at most once per verify_interval when it is there)
+        behind = any(d["high"] < offsets.get(int(p), 0) for p, d in detail.items())
+        if self._rebuild is None and (
+            now >= self._verify_at or (behind and now >= self._suspect_at)
+        ):
             self._verify_at = now + self.options.verify_interval
+            if behind:
+                self._suspect_at = now + self.options.verify_interval
             self._verify(offsets, detail)
         if self._rebuild is not None:  # what was measured counts against an emptied dataset
             total = sum(d["high"] - d["low"] for d in detail.values())
@@ -855,34 +857,58 @@ class KafkaIngestor:
                 )
                 return
             self.topic_id = tid
+        fps = dict(self.fingerprints)
+        ends = {p: d["high"] for p, d in ((int(k), d) for k, d in detail.items())}
+        for p, nxt in offsets.items():
+            if p in ends and ends[p] < nxt and fps.get(p, [None])[0] != nxt - 1:
+                return self._request_rebuild(  # nothing to read again: trust the watermark
+                    f"partition {p} ends at offset {ends[p]} but the dataset holds messages "
+                    f"up to {nxt - 1}: the topic was truncated or recreated"
+                )
         want = {
             p: f
-            for p, f in dict(self.fingerprints).items()
+            for p, f in fps.items()
             if f[0] == offsets.get(p, 0) - 1 and str(p) in detail and detail[str(p)]["low"] <= f[0]
         }
         if not want:
-            return
+            return None
         v = self.options.connection.new_consumer(
             {"group.id": f"{self.options.group_id}.verify", "enable.auto.commit": False,
-             "enable.partition.eof": False, "logger": logging.getLogger("fabric.ingest.librdkafka")}
+             "enable.partition.eof": True, "auto.offset.reset": "error",
+             "logger": logging.getLogger("fabric.ingest.librdkafka")}
         )  # fmt: skip
+        seen: dict[int, list[int] | None] = {}  # None: not there (out of range, at the end)
         try:
             v.assign([TopicPartition(self.options.topic, p, f[0]) for p, f in want.items()])
-            seen: dict[int, list[int]] = {}
             deadline = time.monotonic() + 5
             while len(seen) < len(want) and time.monotonic() < deadline:
                 for m in v.consume(len(want), 0.5):
-                    if m.error() is None and m.partition() in want and m.partition() not in seen:
-                        seen[m.partition()] = fingerprint(m)
+                    p = m.partition()
+                    if p not in want or p in seen:
+                        continue
+                    if m.error() is None:
+                        seen[p] = fingerprint(m)
+                    elif m.error().code() in (
+                        KafkaError._PARTITION_EOF,
+                        KafkaError._AUTO_OFFSET_RESET,
+                        KafkaError.OFFSET_OUT_OF_RANGE,
+                    ):
+                        seen[p] = None
         finally:
             v.close()
         for p, fp in seen.items():
-            if fp != want[p]:
-                self._request_rebuild(
+            if fp is None:
+                if ends.get(p, 0) <= want[p][0]:
+                    return self._request_rebuild(
+                        f"partition {p} ends at offset {ends.get(p)} and no longer holds offset "
+                        f"{want[p][0]}, the last applied: the topic was truncated or recreated"
+                    )
+            elif fp != want[p]:
+                return self._request_rebuild(
                     f"partition {p} offset {fp[0]} holds another message than the one applied "
                     f"(timestamp {fp[1]} vs {want[p][1]}): topic {self.options.topic!r} was recreated"
                 )
-                return
+        return None
 
     def _request_rebuild(self, reason: str) -> None:
         """From either thread: the ingest thread empties the dataset and re-reads the topic."""

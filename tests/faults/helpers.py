@@ -284,7 +284,7 @@ class Watch:
             if not self.statuses or self.statuses[-1] != f.status:
                 self.statuses.append(f.status)
             if f.status == "fresh" and not self.complete():
-                self.lies.append(f.to_dict())
+                self.lies.append({"t": time.monotonic(), **f.to_dict()})
 
     def seen(self, status: str) -> bool:
         return status in self.statuses
