@@ -235,3 +235,65 @@ def test_cli_never_shows_the_password(root: Path, env: dict[str, str]) -> None:
         assert out.stderr.strip() or out.stdout.strip()
         assert MARKER not in out.stdout + out.stderr, (cmd, out.stdout, out.stderr)
         assert "Traceback" not in out.stderr, (cmd, out.stderr)
+
+
+SERVE = """\
+connections:
+  shopdown: {kind: mysql, url: "${SEC_MYSQL_DOWN_URL}", connect_timeout: 1}
+  crmdown: {kind: mongo, url: "${SEC_MONGO_DOWN_URL}", database: crm, timeout: 1}
+  bus:
+    kind: kafka
+    bootstrap: "${SEC_KAFKA_DOWN}"
+    timeout: 1
+    security: {security.protocol: SASL_PLAINTEXT, sasl.mechanism: PLAIN,
+               sasl.username: fabric, sasl.password: "${SEC_MARKER}"}
+datasets:
+  m: {from: mysql://shopdown/merchants, key: id, schema: {id: int, name: str}}
+  c: {from: mongo://crmdown/coupons, key: id, schema: {id: int, name: str}}
+  k: {from: kafka://bus/topic, key: id, schema: {id: int, name: str}}
+bindings: []
+server: {port: PORT}
+"""
+
+
+@pytest.mark.slow
+def test_serve_log_freshness_and_metrics_never_show_the_password(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Datasets whose sources are down: the errors reach the log, /v1/freshness and
+    /metrics, the password does not."""
+    import time
+    import urllib.request
+
+    port = _closed_port()
+    (tmp_path / "fabric.yaml").write_text(SERVE.replace("PORT", str(port)))
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fabric", "serve", "--config", "fabric.yaml"],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            body = ""
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and '"last_error"' not in body:
+                time.sleep(0.5)
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/freshness") as r:
+                        body = r.read().decode()
+                except OSError:
+                    assert proc.poll() is None, log.read_text()
+            assert '"last_error"' in body, body
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+                metrics = r.read().decode()
+        finally:
+            proc.terminate()
+            proc.wait(20)
+    text = log.read_text()
+    assert "refresh from mysql://shopdown/merchants failed" in text  # the errors are logged
+    assert "mongodb://fabric:***@127.0.0.1" in text
+    for shown in (text, body, metrics):
+        assert MARKER not in shown
