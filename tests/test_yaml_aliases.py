@@ -118,3 +118,19 @@ def test_stars_and_ampersands_in_values_are_not_aliases(tmp_path: Path) -> None:
     )
     (spec,) = load_file(path, path.name)
     assert spec.name == "globs"
+
+
+def test_python_tags_are_inert(tmp_path: Path) -> None:
+    """What held must keep holding: ``!!python/...`` tags construct nothing."""
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "tags.yaml"
+    path.write_text(
+        "binding: tags\n"
+        f'description: !!python/object/apply:os.system ["touch {marker}"]\n'
+        "sources:\n  m:\n    from: !!python/name:os.system memory://shop/merchants\n"
+        "select: [m.name]\n"
+    )
+    with pytest.raises(DslError) as info:
+        load_file(path, path.name)
+    assert (info.value.span.line, info.value.span.col) == (2, 14)
+    assert not marker.exists()
