@@ -548,6 +548,9 @@ class MongoConnection(Connection):
                 serverSelectionTimeoutMS=ms,
                 connectTimeoutMS=ms,
                 socketTimeoutMS=int(float(self.options.get("read_timeout", 30)) * 1000),
+                # a read that timed out is not retried on a new connection: a server that
+                # stops answering fails a scan after read_timeout, not twice that
+                retryReads=False,
                 tz_aware=True,
             )
         return self._client
@@ -577,7 +580,15 @@ class MongoConnection(Connection):
             if down
             else None
         )
-        return SourceError(self.uri(obj), f"{type(exc).__name__}: {msg}", hint=hint, retriable=down)
+        limits = (
+            f" (timeout {self.timeout:g} s for server selection and connect, read timeout "
+            f"{float(self.options.get('read_timeout', 30)):g} s)"
+            if down
+            else ""
+        )
+        return SourceError(
+            self.uri(obj), f"{type(exc).__name__}: {msg}{limits}", hint=hint, retriable=down
+        )
 
     def ping(self) -> None:
         try:

@@ -563,7 +563,18 @@ class SqlConnection(Connection):
                     pool_pre_ping=True,
                     connect_args=self._connect_args(),
                 )
+                if "read_timeout" in self._connect_args():
+                    sa.event.listen(self._engine, "connect", self._after_connect)
             return self._engine
+
+    def _after_connect(self, dbapi_conn: Any, _record: Any) -> None:
+        """PyMySQL reads the handshake with its read timeout: it is opened with the
+        connect timeout (so a server that accepts but never answers fails a reconnect after
+        connect_timeout, not read_timeout again), then given the read timeout here."""
+        rt = max(1, round(self.read_timeout))
+        if hasattr(dbapi_conn, "_read_timeout"):
+            dbapi_conn._read_timeout = rt
+            dbapi_conn._write_timeout = rt
 
     def _connect_args(self) -> dict[str, Any]:
         backend, driver = self.url.get_backend_name(), self.url.get_driver_name()
@@ -571,8 +582,9 @@ class SqlConnection(Connection):
         if backend in ("mysql", "mariadb") and driver in ("pymysql", "mysqldb"):
             return {
                 "connect_timeout": ct,
-                "read_timeout": rt,
-                "write_timeout": rt,
+                # the handshake; the read timeout is set once connected (_after_connect)
+                "read_timeout": ct if driver == "pymysql" else rt,
+                "write_timeout": ct if driver == "pymysql" else rt,
                 "init_command": "SET time_zone = '+00:00'",
             }
         if backend == "postgresql":
@@ -584,9 +596,15 @@ class SqlConnection(Connection):
 
     def _error(self, exc: BaseException, obj: str = "") -> SourceError:
         orig = getattr(exc, "orig", None) or exc
+        limits = (
+            f" (connect timeout {self.connect_timeout:g} s, read timeout {self.read_timeout:g} s)"
+            if isinstance(exc, sa_exc.OperationalError | sa_exc.TimeoutError | TimeoutError)
+            else ""
+        )
         return SourceError(
             self.uri(obj),
-            f"{type(orig).__name__}: {str(orig).strip().splitlines()[0] if str(orig).strip() else orig!r}",
+            f"{type(orig).__name__}: {str(orig).strip().splitlines()[0] if str(orig).strip() else orig!r}"
+            + limits,
             hint=f"check that the database at {self.url.render_as_string(hide_password=True)} is running and reachable",
             retriable=isinstance(
                 exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
