@@ -1,4 +1,16 @@
-"""What every fault test checks, against the real broker:
+"""The fault-injection suite (issue 14), against the real servers:
+
+- ``test_fault_oversized.py``: a 2 MB message among 2,000 (finding 1);
+- ``test_fault_bad_messages.py``: 20k messages, ~1 % invalid of seven kinds (finding 2);
+- ``test_fault_topic_recreated.py``: topic deleted + re-created under a checkpoint (noida-db,
+  Tansu) and under a running ingestor (finding 3);
+- ``test_fault_checkpoint.py``: damaged checkpoint files, newest or all (finding 4), file modes;
+- ``test_fault_full_disk.py``: ENOSPC on the state directory, errors that stand (finding 5);
+- ``test_fault_broker_kill.py``: kill -9 of a private noida-db mid-ingest;
+- kill -9 of the fabric mid-ingest: ``tests/test_ingest.py::test_kill_9_mid_ingest_then_restart_converges_exactly``
+  and ``test_repeated_kill_9_every_checkpoint_holds_exactly_its_offsets``.
+
+What every fault test checks, against the real broker:
 
 - ``replica(bootstrap, topic)``: the state a full replica of the topic holds, read with a
   bare consumer (tombstones applied, per key the latest value; the invalid messages with
