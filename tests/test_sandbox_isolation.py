@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from fabric.sandbox import SandboxError, SandboxLimits, SandboxPool
+from fabric.sandbox import SandboxError, SandboxLimits, SandboxPool, SandboxViolation
 
 LIMITS = SandboxLimits(cpu_seconds=2.0, wall_seconds=5.0, memory_bytes=256 << 20,
                        output_bytes=1 << 20, max_rows=5000)  # fmt: skip
@@ -275,3 +275,71 @@ def test_no_rows_of_an_earlier_call_remain_in_the_shared_regions():
         got = _secret_call_then(p, RAW_READ)
     assert got["size"] == 2 * LIMITS.output_bytes, got  # it did read both regions
     assert got["hits"] == 0, got
+
+
+# Finding 2: a class with a dunder key built at run time, then numpy reads the address it
+# names.  Each variant reaches a metaclass a different way.
+def _raw_memory(make_class: str, imports: str = "") -> str:
+    return (
+        "import numpy as np\nimport pyarrow as pa\n" + imports + "def run(table):\n"
+        "    k = '_' + '_array_interface' + '_' + '_'\n"
+        "    iface = {'shape': (16,), 'typestr': '|u1', 'data': (id(table), False), 'version': 3}\n"
+        f"    X = {make_class}\n"
+        "    a = np.asarray(X())\n"
+        "    return pa.table({'leak': [a.tobytes()]})\n"
+    )
+
+
+RAW_MEMORY = [
+    ("type_three_args", _raw_memory("type('X', (), {k: iface})")),
+    ("type_of_a_class", _raw_memory("type(int)('X', (), {k: iface})")),
+    ("type_of_type", _raw_memory("type(type(1))('X', (), {k: iface})")),
+    (
+        "abc_metaclass_of_fraction",
+        _raw_memory("type(fractions.Fraction)('X', (), {k: iface})", "import fractions\n"),
+    ),
+    ("dict_subclass_hiding_keys", _raw_memory(
+        "type('X', (), type('D', (dict,), {'keys': lambda self: []})({k: iface}))")),
+    ("alias_of_type", _raw_memory("t('X', (), {k: iface})").replace("    X =", "    t = type\n    X =")),
+]  # fmt: skip
+
+
+RAW_MEMORY.append((
+    "update_wrapper_copies_a_built_name",
+    "import functools\nimport numpy as np\nimport pyarrow as pa\ndef run(table):\n"
+    "    k = '_' + '_array_interface' + '_' + '_'\n"
+    "    class W:\n        pass\n"
+    "    w = W()\n"
+    "    functools.update_wrapper(w, np.zeros(4), assigned=(k,), updated=())\n"
+    "    return pa.table({'leak': [np.asarray(w).tobytes()]})\n",
+))  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["all_layers", "without_static_check"])
+def gate_pool(request):
+    with SandboxPool(size=1, limits=LIMITS, _static_checks=request.param) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize(("case_id", "src"), RAW_MEMORY, ids=[c[0] for c in RAW_MEMORY])
+def test_a_class_with_a_run_time_dunder_key_is_refused(gate_pool, case_id, src):
+    with pytest.raises(SandboxViolation, match="not allowed") as ei:
+        gate_pool.run(src, TABLE, binding=case_id, snippet_origin=("agents/evil.yaml", 10, 7))
+    assert ei.value.span.file == "agents/evil.yaml"
+    assert gate_pool.run(IDENTITY, TABLE, binding="after").num_rows == 100
+
+
+def test_type_still_works_for_ordinary_snippets(gate_pool):
+    src = (
+        "import fractions\nimport pyarrow as pa\n"
+        "class Row:\n    def __init__(self, v):\n        self.v = v\n"
+        "    def __repr__(self):\n        return f'Row({self.v})'\n"
+        "def run(table):\n"
+        "    checks = [type(1) is int, type(int) is type, isinstance(Row, type),\n"
+        "              issubclass(Row, object), type(Row(1)) is Row, repr(Row(2)) == 'Row(2)',\n"
+        "              isinstance(fractions.Fraction, type(fractions.Fraction)),\n"
+        "              type(table) is pa.Table]\n"
+        "    return pa.table({'ok': checks})\n"
+    )
+    out = gate_pool.run(src, TABLE, binding="ordinary")
+    assert out["ok"].to_pylist() == [True] * 8

@@ -15,6 +15,7 @@ import sys
 from types import FrameType, ModuleType
 
 from .policy import (
+    ALLOWED_DUNDER_METHODS,
     ALLOWED_MODULES,
     FORBIDDEN_BUILTINS,
     HIDDEN_NAMES,
@@ -91,6 +92,8 @@ def _public_names(name: str) -> dict[str, object]:
     for key, value in vars(sys.modules[name]).items():
         if key.startswith("_") or key in hidden:
             continue
+        if isinstance(value, type) and issubclass(value, type):
+            continue  # a metaclass creates classes without check_class
         if isinstance(value, ModuleType):
             if value.__name__ in IMPORTABLE and value.__name__.startswith(name + "."):
                 out[key] = _Submodule(value.__name__)
@@ -119,6 +122,91 @@ class _Submodule:
         self.name = name
 
 
+# Dunder names Python itself puts into a class's namespace.
+_CLASS_AUTO_KEYS: frozenset[str] = frozenset(
+    {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__",
+     "__firstlineno__", "__static_attributes__", "__orig_bases__", "__classcell__"}
+)  # fmt: skip
+
+
+def check_class(cls: type, guard: Guard) -> type:
+    """Refuse a class the snippet made whose namespace holds a special name outside the
+    small allowed set, however the name was built (``type(name, bases, {"_" + ...: ...})``):
+    ``__array_interface__`` and friends make numpy or pyarrow read any address.  Reads the
+    created class's own ``__dict__``, so a dict subclass hiding its keys does not help."""
+    for key in type.__dict__["__dict__"].__get__(cls):
+        if not isinstance(key, str):
+            raise guard.refuse(f"a class attribute named {key!r} is not allowed")
+        if key.startswith("__") and key not in ALLOWED_DUNDER_METHODS | _CLASS_AUTO_KEYS:
+            raise guard.refuse(
+                f"a class with the special attribute {key!r} is not allowed in pushdown python"
+            )
+    return cls
+
+
+class _TypeGate:
+    """What a snippet gets for ``type`` and for any metaclass it reaches (``type(int)``,
+    ``type(fractions.Fraction)``): ``type(x)`` as usual, ``isinstance``/``issubclass`` as
+    with the metaclass, but every class it creates goes through ``check_class``."""
+
+    __slots__ = ("_gates", "_guard", "_meta")
+
+    def __init__(self, meta: type, gates: dict, guard: Guard):
+        self._meta, self._gates, self._guard = meta, gates, guard
+
+    def __call__(self, *args, **kwargs):
+        if self._meta is type and len(args) == 1 and not kwargs:
+            t = type(args[0])
+            return self._gate(t) if issubclass(t, type) else t
+        return check_class(self._meta(*args, **kwargs), self._guard)
+
+    def _gate(self, meta: type) -> _TypeGate:
+        if meta not in self._gates:
+            self._gates[meta] = _TypeGate(meta, self._gates, self._guard)
+        return self._gates[meta]
+
+    def __instancecheck__(self, obj) -> bool:
+        return isinstance(obj, self._meta)
+
+    def __subclasscheck__(self, cls) -> bool:
+        return issubclass(cls, self._meta)
+
+    def __repr__(self) -> str:
+        return repr(self._meta)
+
+    def __mro_entries__(self, bases):
+        raise self._guard.refuse("subclassing 'type' (a metaclass) is not allowed")
+
+
+def _type_gate(guard: Guard) -> _TypeGate:
+    gates: dict[type, _TypeGate] = {}
+    gates[type] = _TypeGate(type, gates, guard)  # so that ``type(int) is type`` holds
+    return gates[type]
+
+
+def _update_wrapper_gate(fn, guard: Guard):
+    """``functools.update_wrapper``/``wraps`` copy attributes by the names they are given:
+    only the default names (never ones built at run time, like ``__array_interface__``)."""
+    import functools
+
+    def gated(*args, **kwargs):
+        for key, default in (("assigned", functools.WRAPPER_ASSIGNMENTS),
+                             ("updated", functools.WRAPPER_UPDATES)):  # fmt: skip
+            if key in kwargs and tuple(kwargs[key]) != tuple(default):
+                raise guard.refuse(f"functools.{fn.__name__}({key}=...) is not allowed")
+        if len(args) > (2 if fn.__name__ == "update_wrapper" else 1):
+            raise guard.refuse(f"functools.{fn.__name__} with assigned/updated is not allowed")
+        return fn(*args, **kwargs)
+
+    return gated
+
+
+_GATED: dict[tuple[str, str], object] = {
+    ("functools", "update_wrapper"): _update_wrapper_gate,
+    ("functools", "wraps"): _update_wrapper_gate,
+}
+
+
 def namespace(guard: Guard) -> dict[str, object]:
     """Fresh globals for one call: curated builtins plus the allowlist import hook."""
     views: dict[str, ModuleType] = {}
@@ -129,6 +217,9 @@ def namespace(guard: Guard) -> dict[str, object]:
             d = mod.__dict__
             for key, value in _FILTERED[name].items():
                 d[key] = view(value.name) if isinstance(value, _Submodule) else value
+                gate = _GATED.get((name, key))
+                if gate is not None:
+                    d[key] = gate(value, guard)  # type: ignore[operator]
             d["__getattr__"] = _missing(name, guard)
             views[name] = mod
         return views[name]
@@ -170,12 +261,17 @@ def namespace(guard: Guard) -> dict[str, object]:
             safe[name] = value
     for name in FORBIDDEN_BUILTINS:
         safe[name] = forbidden(name)
+
+    def safe_build_class(*args, **kwargs):
+        return check_class(builtins.__build_class__(*args, **kwargs), guard)
+
     safe.update(
         __import__=safe_import,
         getattr=safe_getattr,
         hasattr=safe_hasattr,
         print=_discard,
-        __build_class__=builtins.__build_class__,
+        __build_class__=safe_build_class,
+        type=_type_gate(guard),
     )
     return {"__builtins__": safe, "__name__": "pushdown"}
 

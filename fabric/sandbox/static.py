@@ -203,6 +203,12 @@ class _Checker(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         fn = node.func
+        if isinstance(fn, ast.Name) and fn.id == "type" and len(node.args) + len(node.keywords) > 1:
+            self.flag(
+                node,
+                "type() with a name, bases and namespace is not allowed in pushdown python",
+                "write a class statement (a namespace built at run time can hold special names)",
+            )
         if isinstance(fn, ast.Name) and fn.id in ("getattr", "hasattr") and len(node.args) >= 2:
             name = node.args[1]
             if (
