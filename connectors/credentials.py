@@ -6,8 +6,9 @@ query errors, their hints, diagnostics of ``validate`` and ``explain``, CLI outp
 It hides credentials in two ways:
 
 - **by shape**, in any text: the password of a URL's user info
-  (``mongodb://fabric:***@127.0.0.1``), and the value of a secret-named key
-  (``password=***``, ``'sasl.password': '***'``, ``secret_key: ***``);
+  (``mongodb://fabric:***@127.0.0.1``) and its credential-named query parameters
+  (``?token=***``), and the value of a secret-named key (``password=***``,
+  ``'sasl.password': '***'``, ``secret_key: ***``);
 - **by value**: every secret a connection was configured with (a URL's password, S3
   ``access_key`` / ``secret_key``, Kafka ``sasl.*`` / ``ssl.*`` passwords, any option
   named like a secret) is remembered when the connection is created
@@ -49,6 +50,12 @@ _KEYVALUE = re.compile(
     re.IGNORECASE,
 )
 _SECRET_KEY = re.compile(rf"^{_SECRET_NAME}$", re.IGNORECASE)
+#: a URL's query parameter that carries a credential (``?token=...``, ``&api_key=...``)
+_QUERY = re.compile(
+    r"(?P<head>[?&][\w.\-]*(?:token|key|sig|signature|auth|authorization|password|passwd"
+    r"|pwd|secret|credentials?)=)(?P<value>[^&#\s'\"]+)",
+    re.IGNORECASE,
+)
 
 _lock = threading.Lock()
 _known: set[str] = set()
@@ -70,6 +77,7 @@ def mask(text: Any) -> str:
         s = pat.sub(MASK, s)
     if "://" in s:
         s = _USERINFO.sub(lambda m: m["head"] + (MASK if m["pw"] else "") + "@", s)
+        s = _QUERY.sub(lambda m: m["head"] + MASK, s)
     return _KEYVALUE.sub(_key_value, s)
 
 

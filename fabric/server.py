@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from connectors.credentials import mask
 from fabric.freshness import FreshnessTracker
 from fabric.signals import HEARTBEAT, SignalEmitter, iso, make_event
 
@@ -102,6 +103,14 @@ class FreshnessCollector:
             yield dropped
 
 
+class MaskedJSONResponse(JSONResponse):
+    """JSON whose text has every credential masked (``connectors.credentials``): a signals
+    target or an error kept in the tracker may carry one."""
+
+    def render(self, content: Any) -> bytes:
+        return mask(super().render(content).decode()).encode()
+
+
 def create_app(
     tracker: FreshnessTracker,
     *,
@@ -117,27 +126,28 @@ def create_app(
         for kind, section in (("source", "sources"), ("binding", "bindings")):
             if name := request.query_params.get(kind):
                 if name not in snap[section]:
-                    return JSONResponse(
+                    return MaskedJSONResponse(
                         {"error": f"unknown {kind} {name!r}", section: sorted(snap[section])},
                         status_code=404,
                     )
-                return JSONResponse(snap[section][name])
-        return JSONResponse(snap)
+                return MaskedJSONResponse(snap[section][name])
+        return MaskedJSONResponse(snap)
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        text = mask(generate_latest(registry).decode())
+        return Response(text.encode(), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
         body: dict[str, Any] = {"status": "ok"}
         if health is not None:
             body.update(health())
-        return JSONResponse(body)
+        return MaskedJSONResponse(body)
 
     async def readyz(request: Request) -> Response:
         """Readiness (a Kubernetes readinessProbe): 503 until every Kafka-fed dataset reads
         an existing topic, measures its lag without error and has caught up once."""
         body = {"ready": True} if ready is None else await asyncio.to_thread(ready)
-        return JSONResponse(body, status_code=200 if body["ready"] else 503)
+        return MaskedJSONResponse(body, status_code=200 if body["ready"] else 503)
 
     async def events(request: Request) -> Response:
         heartbeats = request.query_params.get("heartbeats") in ("1", "true", "yes")
@@ -197,7 +207,8 @@ def create_app(
 
 
 def _sse(ev: dict[str, Any]) -> bytes:
-    return f"event: {ev['event']}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n".encode()
+    data = mask(json.dumps(ev, separators=(",", ":")))
+    return f"event: {ev['event']}\ndata: {data}\n\n".encode()
 
 
 _BUSY_TEXT = b"fabric serve: too many connections, retry shortly\n"
@@ -358,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
-    from connectors.credentials import MaskingFormatter, mask
+    from connectors.credentials import MaskingFormatter
 
     logging.basicConfig(level=args.log_level.upper())
     for handler in logging.getLogger().handlers:  # the log never shows a credential

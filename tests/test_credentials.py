@@ -253,6 +253,9 @@ datasets:
   k: {from: kafka://bus/topic, key: id, schema: {id: int, name: str}}
 bindings: []
 server: {port: PORT}
+signals:
+  heartbeat: 1s
+  targets: ["http://hook:${SEC_MARKER}@127.0.0.1:${SEC_HOOK}/x?token=${SEC_MARKER}"]
 """
 
 
@@ -260,12 +263,13 @@ server: {port: PORT}
 def test_serve_log_freshness_and_metrics_never_show_the_password(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
-    """Datasets whose sources are down: the errors reach the log, /v1/freshness and
-    /metrics, the password does not."""
+    """Datasets whose sources are down and a webhook target with credentials: the errors
+    reach the log, /v1/freshness, /healthz and /metrics, the password does not."""
     import time
     import urllib.request
 
     port = _closed_port()
+    env = {**env, "SEC_HOOK": str(_closed_port())}  # the webhook is down: errors
     (tmp_path / "fabric.yaml").write_text(SERVE.replace("PORT", str(port)))
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
@@ -289,11 +293,14 @@ def test_serve_log_freshness_and_metrics_never_show_the_password(
             assert '"last_error"' in body, body
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
                 metrics = r.read().decode()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as r:
+                health = r.read().decode()
+            assert "http://hook:***@127.0.0.1" in health and "token=***" in health
         finally:
             proc.terminate()
             proc.wait(20)
     text = log.read_text()
     assert "refresh from mysql://shopdown/merchants failed" in text  # the errors are logged
     assert "mongodb://fabric:***@127.0.0.1" in text
-    for shown in (text, body, metrics):
+    for shown in (text, body, metrics, health):
         assert MARKER not in shown
