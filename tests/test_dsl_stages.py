@@ -283,3 +283,139 @@ select: [o.id]
     broken = plan.with_children(N.Stage(every, "firsts"), plan.input)
     with pytest.raises(QueryError, match=r"returned .* rows"):
         execute(broken, {}, cat, binding="two_rows")
+
+
+CASE_AGG = """
+binding: share_of_big_orders
+sources:
+  o:
+    from: memory://t/orders
+    where: case when amount > 100 then sku < 100 else sku < 50 end
+  k:
+    from: memory://t/categories
+    join: k.sku = o.sku
+select:
+  - k.category
+  - "100.0 * sum(case when o.amount > 150 then o.amount else 0 end) / sum(o.amount) as share"
+  - "sum(case when k.category like 'cat1%' then 1 else 0 end) as ones"
+group_by: [k.category]
+"""
+
+
+def test_case_in_a_pushed_filter_and_in_aggregates(cat, ref) -> None:
+    plan, got = run(cat, CASE_AGG)
+    want = ref.execute(
+        """SELECT k.category, 100.0 * sum(CASE WHEN o.amount > 150 THEN o.amount ELSE 0 END)
+           / sum(o.amount), sum(CASE WHEN k.category LIKE 'cat1%' THEN 1 ELSE 0 END)
+           FROM orders o JOIN categories k ON k.sku = o.sku
+           WHERE CASE WHEN o.amount > 100 THEN o.sku < 100 ELSE o.sku < 50 END
+           GROUP BY k.category"""
+    ).fetchall()
+    same(rows(got), want)
+    scan = next(s for s in plan.scans() if s.alias == "o")
+    assert [str(f) for f in scan.exact] == [
+        "case when amount > 100 then sku < 100 else sku < 50 end"
+    ]
+
+
+def test_cast_month_intervals_and_date_literals(cat, ref) -> None:
+    binding = """
+binding: recent
+sources:
+  o:
+    from: memory://t/orders
+    where:
+      - cast(ordered_at as date) >= date '2026-11-29' - interval '1 month'
+      - cast(ordered_at as date) < date '2026-10-31' + interval '1 month'
+select: [o.id, "cast(o.amount as int) as whole", "cast(o.ordered_at as date) as day"]
+"""
+    _, got = run(cat, binding)
+    want = ref.execute(
+        """SELECT id, CAST(amount AS BIGINT), CAST(ordered_at AS DATE) FROM orders
+           WHERE CAST(ordered_at AS DATE) >= DATE '2026-11-29' - INTERVAL 1 MONTH
+           AND CAST(ordered_at AS DATE) < DATE '2026-10-31' + INTERVAL 1 MONTH"""
+    ).fetchall()
+    same(rows(got), want)
+
+
+def test_like_with_a_pattern_built_from_a_session_value(cat, ref) -> None:
+    binding = """
+binding: by_name
+session: {part: str}
+sources:
+  m:
+    from: memory://t/merchants
+    where: "name like '%' || {{session.part}} || '7'"
+select: [m.id, m.name]
+"""
+    _, got = run(cat, binding, {"part": "nt 1"})
+    want = ref.execute(
+        "SELECT id, name FROM merchants WHERE name LIKE '%' || ? || '7'", ["nt 1"]
+    ).fetchall()
+    same(rows(got), want)
+
+
+def test_like_pattern_from_a_session_value_pushed_to_mariadb(mariadb_url: str) -> None:
+    """Issue 11: ``like '%' || {{session.c}} || '%'`` failed on a SQL source with the hint
+    "check that the server is up and the source exists"; it now runs (the pattern is one
+    bound value) and matches DuckDB."""
+    import sqlalchemy as sa
+
+    from connectors.sql import SqlConnection
+    from fabric.execute.local import LocalCatalog
+
+    eng = sa.create_engine(mariadb_url)
+    names = ["alpha", "beta", "alphabet", "gamma", None]
+    with eng.begin() as c:
+        c.execute(sa.text("CREATE TABLE words (id BIGINT PRIMARY KEY, name VARCHAR(20))"))
+        for i, n in enumerate(names):
+            c.execute(sa.text("INSERT INTO words VALUES (:i, :n)"), {"i": i, "n": n})
+    eng.dispose()
+    cat = LocalCatalog({"db": SqlConnection("db", {"url": mariadb_url})})
+    binding = """
+binding: words
+session: {c: str}
+sources:
+  w:
+    from: mysql://db/words
+    where: "name like '%' || {{session.c}} || '%'"
+select: [w.id]
+order_by: w.id
+"""
+    plan, got = run(cat, binding, {"c": "pha"})
+    assert [r[0] for r in rows(got)] == [0, 2]
+    con = duckdb.connect()
+    con.register("words", pa.table({"id": range(5), "name": names}))
+    assert con.execute(
+        "SELECT id FROM words WHERE name LIKE '%' || ? || '%' ORDER BY id", ["pha"]
+    ).fetchall() == [(0,), (2,)]
+    # pushed to MariaDB as one bound pattern
+    assert [str(f) for f in plan.scans()[0].exact] == ["name like '%' || {{session.c}} || '%'"]
+
+
+def test_a_filter_a_source_cannot_translate_is_not_blamed_on_the_server(tables) -> None:
+    """A source that accepted a filter at planning but cannot translate it when scanning
+    (the case of issue 11's non-constant LIKE pattern) gets a hint about the filter, not
+    "check that the server is up"."""
+    from connectors.arrow_expr import NotTranslatable
+    from connectors.memory import MemorySource
+
+    class Forgetful(MemorySource):
+        def scan(self, request):
+            raise NotTranslatable(f"cannot translate {request.filters[0]}")
+
+    cat = world.catalog(tables, words=Forgetful("memory://t/words", tables["merchants"]))
+    binding = """
+binding: words
+session: {c: str}
+sources:
+  w:
+    from: memory://t/words
+    where: "name like '%' || {{session.c}} || '%'"
+select: [w.id]
+"""
+    with pytest.raises(QueryError) as info:
+        run(cat, binding, {"c": "x"})
+    text = str(info.value) + str(getattr(info.value, "hint", ""))
+    assert "server is up" not in text
+    assert "name like" in text and "filter" in text

@@ -493,7 +493,15 @@ class _Run:
         if self.allow_partial:
             return self._partial(alias, str(e))
         msg = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
-        hint = getattr(e, "hint", None) or "check that the server is up and the source exists"
+        hint = getattr(e, "hint", None)
+        if hint is None and isinstance(e, NotTranslatable | TypeError):
+            # not the server: the source accepted a filter at planning it cannot apply now
+            filters = "; ".join(self.shape.text.get(alias, {}).get("exact", []))
+            hint = (
+                f"{uri} accepted a filter it could not apply when scanning ({filters}); "
+                "this is a connector bug: report the binding (the filter is never dropped)"
+            )
+        hint = hint or "check that the server is up and the source exists"
         raise QueryError(self.binding, msg, alias=alias, uri=uri, hint=hint) from e
 
     def _scan(self, alias: str, scan: Scan, source: Any) -> pa.Table:
