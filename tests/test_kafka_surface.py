@@ -277,6 +277,7 @@ def _events_fabric(tmp_path: Path, bootstrap: str, topic: str, on_stale: str = "
     )
 
 
+@pytest.mark.slow
 def test_cli_query_catches_up_with_the_broker(tmp_path, kafka_bootstrap, new_topic):
     """No checkpoint: the CLI used to print [] and 'fresh'; it now ingests to the broker's
     end first and says so. Then with an old checkpoint and 5 new events: all of them."""
@@ -296,6 +297,7 @@ def test_cli_query_catches_up_with_the_broker(tmp_path, kafka_bootstrap, new_top
     assert "fresh, lag 0 messages" in out.stderr
 
 
+@pytest.mark.slow
 def test_cli_without_catch_up_reports_the_brokers_lag(tmp_path, kafka_bootstrap, new_topic):
     """``--catch-up 0``: no ingestion, so the answer is what the checkpoint holds, and its
     freshness is the lag measured against the broker (5 messages), flagged stale."""
@@ -314,6 +316,7 @@ def test_cli_without_catch_up_reports_the_brokers_lag(tmp_path, kafka_bootstrap,
     assert len(rows) + int(m.group(1)) == 8, (rows, out.stderr)  # never both "fresh" and short
 
 
+@pytest.mark.slow
 def test_cli_fail_policy_fails_on_stale(tmp_path, kafka_bootstrap, new_topic):
     topic = new_topic()
     produce(kafka_bootstrap, topic, [{"id": "a", "v": 1}])
@@ -328,6 +331,7 @@ def test_cli_fail_policy_fails_on_stale(tmp_path, kafka_bootstrap, new_topic):
 # ---------------------------------------------------------------- finding 6: fail fast
 
 
+@pytest.mark.slow
 def test_query_fails_within_the_kafka_connections_timeout_when_the_broker_dies(tmp_path):
     """A private broker (the shared one stays up) serves one query, then is killed: the
     next query fails naming the source and the connection's 3 s timeout, in a small

@@ -81,6 +81,7 @@ class PausableProxy:
                 s.close()
 
 
+@pytest.mark.slow
 def test_sql_query_fails_within_its_own_timeouts_when_the_server_stops(mariadb_url):
     """A pooled connection to a server that stops answering: the pre-ping waits the read
     timeout, the reconnect the connect timeout (its handshake used to wait the read
@@ -127,6 +128,7 @@ def test_sql_query_fails_within_its_own_timeouts_when_the_server_stops(mariadb_u
     assert took < read_timeout + connect_timeout + 3, took  # not 2 x read_timeout
 
 
+@pytest.mark.slow
 def test_mongo_query_fails_within_its_own_timeouts_when_the_server_stops(mongo_url, mongo_db):
     from urllib.parse import urlsplit
 
