@@ -351,6 +351,24 @@ class ServerThread:
 # --------------------------------------------------------------------------- CLI
 
 
+def _limits(server_config: Any, args: argparse.Namespace) -> Any:
+    """fabric.yaml's ``server:`` with the command line's overrides."""
+    import dataclasses
+
+    from fabric.config import ServerConfig
+
+    limits = server_config if server_config is not None else ServerConfig()
+    given = {
+        k: v
+        for k, v in (
+            ("header_timeout", args.header_timeout),
+            ("max_connections", args.max_connections),
+        )
+        if v is not None
+    }
+    return dataclasses.replace(limits, **given)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``fabric serve [--config fabric.yaml] [--host H] [--port P]``."""
     p = argparse.ArgumentParser(
@@ -367,8 +385,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="port to listen on (default: server.port in fabric.yaml, else 8765)",
     )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        help="seconds a connection may wait for a complete request (default: "
+        "server.header_timeout, else 10)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        help="open connections at most (default: server.max_connections, else 1000)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
+    for flag, v in (
+        ("--header-timeout", args.header_timeout),
+        ("--max-connections", args.max_connections),
+    ):
+        if v is not None and v <= 0:
+            p.error(f"{flag} must be more than 0")
     from connectors.credentials import MaskingFormatter
 
     logging.basicConfig(level=args.log_level.upper())
@@ -396,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         host = args.host or getattr(service.server_config, "host", None) or "127.0.0.1"
         port = args.port if args.port is not None else getattr(service.server_config, "port", 8765)
-        srv = ServerThread(app, host, port, limits=service.server_config)
+        srv = ServerThread(app, host, port, limits=_limits(service.server_config, args))
     except OSError as exc:
         service.stop()
         print(str(exc), file=sys.stderr)

@@ -45,7 +45,9 @@ def _closed_by_server(s: socket.socket) -> bool:
 
 
 @contextlib.contextmanager
-def _serve(tmp_path: Path, server: str, nofile: int | None = None) -> Iterator[int]:
+def _serve(
+    tmp_path: Path, server: str, nofile: int | None = None, args: tuple[str, ...] = ()
+) -> Iterator[int]:
     port = _free_port()
     cfg = tmp_path / "fabric.yaml"
     cfg.write_text(f"connections: {{}}\nbindings: []\nserver: {{port: {port}, {server}}}\n")
@@ -56,7 +58,7 @@ def _serve(tmp_path: Path, server: str, nofile: int | None = None) -> Iterator[i
 
     log = (tmp_path / "serve.log").open("wb")  # a file: a full pipe would block the server
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fabric", "serve", "--config", str(cfg)],
+        [sys.executable, "-m", "fabric", "serve", "--config", str(cfg), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         preexec_fn=limit,
@@ -120,6 +122,22 @@ def test_past_the_connection_cap_the_oldest_half_open_makes_room(tmp_path: Path)
         finally:
             for s in socks:
                 s.close()
+
+
+def test_command_line_overrides_the_header_timeout(tmp_path: Path) -> None:
+    with _serve(tmp_path, "header_timeout: 600", args=("--header-timeout", "1")) as port:
+        socks = _half_open(port, 5)
+        deadline = time.monotonic() + 20
+        while not all(_closed_by_server(s) for s in socks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(_closed_by_server(s) for s in socks)
+    bad = subprocess.run(
+        [sys.executable, "-m", "fabric", "serve", "--max-connections", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--max-connections must be more than 0" in bad.stderr
 
 
 def test_server_limits_in_fabric_yaml(tmp_path: Path) -> None:
