@@ -3,7 +3,9 @@
 Connection options: ``bootstrap`` (required), ``schemas`` (``{topic: {column: type}}``;
 otherwise inferred from up to ``sample`` (200) messages), ``timestamp_field`` (a JSON
 field holding the event time; default: the message timestamp), ``timeout`` (10 s:
-metadata and watermark requests), ``config`` (extra librdkafka settings), ``end``
+every broker round trip: metadata, watermarks, a consume without progress; a query's
+larger budget never stretches it), ``security`` (SASL/TLS librdkafka settings), ``config``
+(extra librdkafka settings; both reach every client through ``client_config``), ``end``
 (``high_watermark`` or ``eof``), ``cache`` (true), ``cache_max_messages`` (1,000,000)
 and ``cache_max_bytes`` (256 MiB).
 

@@ -15,6 +15,11 @@ environment variable; a missing one is an error naming it and where it is used
         key: id
         schema: {id: str, published_at: timestamp, body: str, embedding: vector[384]}
         indexes: {embedding: hnsw, published_at: btree, body: inverted}
+      merchants:
+        from: mysql://shop/merchants
+        key: id
+        schema: {id: int, name: str, updated_at: timestamp}
+        refresh: {mode: append, every: 10m, cursor: updated_at}
     bindings: [agents/]
 """
 

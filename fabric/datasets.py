@@ -5,6 +5,12 @@ state directory, ``.fabric/state/<name>`` next to fabric.yaml by default) and, f
 ``from: kafka://<connection>/<topic>``, runs a ``KafkaIngestor`` in a consumer group named
 ``<group_prefix>.<config name>.<dataset>`` (config name: the directory holding fabric.yaml).
 
+A dataset fed from a table, collection or file (``from: mysql://... | mongo://... |
+s3://... | file://...``) is materialized by a ``Refresher`` (``refresh: {mode: full |
+append | changes, every, cursor}``); one without ``from:`` is filled through upsert. Both
+are checkpointed in the same state store as Kafka-fed ones, so a reopen (and the CLI)
+sees them.
+
 ``FabricService`` is what ``fabric serve`` runs: the manager, a ``FreshnessTracker`` that
 knows which bindings read which sources, and a ``SignalEmitter`` pushing transitions and
 heartbeats to the configured targets.
