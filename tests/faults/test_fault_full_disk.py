@@ -7,6 +7,7 @@ it clears when a checkpoint succeeds, and a restart from that checkpoint is exac
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.request
@@ -99,3 +100,50 @@ def test_full_disk_on_the_state_directory(kafka_bootstrap, new_topic, small_disk
     ck = checkpoint.latest(small_disk)
     assert ck is not None
     assert_replica(Dataset.load(str(ck.dataset_dir)), rep)
+
+
+@pytest.mark.slow
+def test_a_batch_that_cannot_be_applied_is_retried_not_lost(kafka_bootstrap, new_topic, small_disk):
+    """The dead-letter file is on the full disk: writing a dead letter raises inside the
+    batch. The batch is read again until it applies (none lost, none skipped), the ``apply``
+    error standing meanwhile, and the source never 'fresh'."""
+    fill = small_disk / "fill"
+    fd = os.open(fill, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the disk to the last byte
+        while os.write(fd, b"\0" * 512):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    topic = new_topic(partitions=1, prefix="fault_apply")
+    items = [*docs(range(500)), ("bad", b"not json"), *docs(range(500, 1000))]
+    where = produce(kafka_bootstrap, topic, items)
+    rep = replica(kafka_bootstrap, topic, json_row)
+    expected = {k: r["n"] for k, r in rep.rows.items()}
+    ds = new_dataset({"n": "btree"})
+    tr = FreshnessTracker()
+    dead = small_disk / "dead.jsonl"
+    opts = IngestOptions(
+        kafka_bootstrap, topic, f"fabric.test.{topic}", batch_size=300, dead_letter=f"log:{dead}"
+    )
+    ing = KafkaIngestor("docs", ds, opts, tracker=tr)
+    try:
+        with Watch(tr, "docs", lambda: held(ds) == expected) as w:
+            ing.start()
+            wait_for(lambda: "apply" in ing.errors, 30, "the batch to fail")
+            for _ in range(8):  # it stands through watermark queries and retries
+                time.sleep(0.25)
+                f = tr.source("docs")
+                assert f.status == "error" and "No space left" in f.errors["apply"], f
+            assert ds.count() < 1000 and ing.stats.applied < 1001
+            fill.unlink()
+            wait_for(ing.caught_up, 60, f"caught up ({ds.count()} rows, {ing.errors})")
+        assert not w.lies, w.lies[:2]
+        assert w.seen("error"), w.statuses
+        assert_replica(ds, rep)
+        assert tr.source("docs").errors == {}
+        lines = [json.loads(x) for x in dead.read_text().splitlines()]
+        assert {(x["partition"], x["offset"]) for x in lines} == {where[500]}
+    finally:
+        ing.stop(checkpoint_now=False)
