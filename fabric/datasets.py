@@ -337,6 +337,10 @@ class DatasetManager:
                 dead_letter_dir=self.state_dir / d.name,
             )
             self.ingestors[d.name] = ing.start()
+        for name in self.ingestors:  # say it at once: a typo in from: is otherwise silent
+            problem = self.topic_problem(name)
+            if problem is not None:
+                log.error("dataset %s: %s; fix from: in fabric.yaml", name, problem)
         return self
 
     def wait_caught_up(self, timeout: float = 30.0) -> bool:
@@ -566,6 +570,7 @@ class Refresher:
                 "seconds": round(self.finished_at - started, 3),
             }
             self._checkpoint()
+            self._observe(self._measure())
             return self.last
 
     def _cursor_request(self, src: Any, request: Any) -> tuple[Any, bool]:
@@ -665,8 +670,35 @@ class Refresher:
 
     # ---------------------------------------------------------------- freshness
 
+    def _observe(self, f: Mapping[str, Any]) -> None:
+        """Tell the tracker (``/v1/freshness``, signals) what ``freshness()`` found."""
+        tracker = self.manager.tracker
+        if tracker is None:
+            return
+        from connectors.base import Watermark
+
+        now = time.time()
+        lag = f.get("lag_seconds")
+        tracker.observe_watermark(
+            self.decl.name,
+            Watermark(
+                observed_at=now,
+                event_time=None if lag is None else now - lag,
+                detail={"kind": "refresh", **f.get("refresh", {})},
+            ),
+        )
+        if f.get("error"):
+            tracker.record_error(self.decl.name, str(f["error"]), kind="refresh")
+        else:
+            tracker.clear_error(self.decl.name, kind="refresh")
+
     def freshness(self) -> dict[str, Any]:
         """``{lag_messages: None, lag_seconds, event_time, error?, refresh}`` (see class)."""
+        out = self._measure()
+        self._observe(out)
+        return out
+
+    def _measure(self) -> dict[str, Any]:
         now = time.time()
         out: dict[str, Any] = {
             "lag_messages": None,

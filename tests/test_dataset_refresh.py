@@ -77,6 +77,8 @@ def test_file_csv_dataset_is_loaded_refreshed_and_checked(tmp_path):
         assert ids(fab, "items") == [2, 3, 4]
         assert fab.dataset("items").get(3)["name"] == "C"
         assert fab.query("all_items").freshness["i"]["lag_seconds"] == 0.0
+        served = fab.freshness()["sources"]["items"]  # /v1/freshness
+        assert served["lag_seconds"] == 0.0 and served["last_error"] is None, served
     # a missing file is a positioned validate error (it used to pass and stay empty)
     cfg.write_text(cfg.read_text().replace("items.csv", "itemz.csv"))
     out = subprocess.run(

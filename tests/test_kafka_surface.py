@@ -195,10 +195,13 @@ def test_validate_reports_a_mistyped_dataset_topic_at_its_from_line(
     assert topic in out.stdout.split("does not exist", 1)[1]  # the nearest existing name
 
 
-def test_missing_topic_is_not_ready_and_not_fresh(tmp_path, kafka_bootstrap, new_topic):
+def test_missing_topic_is_not_ready_and_not_fresh(tmp_path, kafka_bootstrap, new_topic, caplog):
     topic = new_topic()
     cfg = _typo_fabric(tmp_path, kafka_bootstrap, topic)
-    with fabric.open(cfg, watch=False) as fab:
+    with caplog.at_level("ERROR", logger="fabric.datasets"), fabric.open(cfg, watch=False) as fab:
+        assert any(
+            f"kafka://bus/{topic}x does not exist" in r.getMessage() for r in caplog.records
+        ), caplog.text  # what fabric serve logs at start
         ready = fab.service.readiness(wait=5)
         assert not ready["ready"]
         assert "does not exist" in ready["datasets"]["docs"]["reason"]
