@@ -32,6 +32,7 @@ from dsl.ast import (
     Param,
     Unary,
 )
+from dsl.types import CalendarInterval
 
 
 class NotTranslatable(ValueError):
@@ -111,6 +112,8 @@ def _num_float(v: Any) -> Any:
 def _scalar(v: Any) -> Any:
     if isinstance(v, dt.datetime) and v.tzinfo is None:
         v = v.replace(tzinfo=dt.UTC)
+    if isinstance(v, CalendarInterval):  # pyarrow adds no months to a column
+        raise NotTranslatable(f"an interval with months ({v}) over a column")
     return v
 
 

@@ -69,17 +69,19 @@ class DeclaredSource(Source):
 
 class _SandboxHook:
     """Adapts the plan's ``SandboxLimitsSpec`` (a binding's ``pushdown.limits``) to the
-    pool's ``SandboxLimits``, unset values falling back to the pool's (fabric.yaml) limits."""
+    pool's ``SandboxLimits``, unset values falling back to this fabric's ``sandbox:`` limits,
+    which are also the ceiling a binding may only lower (the pool may be shared)."""
 
-    def __init__(self, pool: Any):
+    def __init__(self, pool: Any, ceiling: Any = None):
         self.pool = pool
+        self.ceiling = ceiling or pool.limits
 
     def run(self, code: str, table: Any, *, limits: Any = None, **kw: Any) -> Any:
         from fabric.sandbox import SandboxLimits
 
         if limits is not None and not isinstance(limits, SandboxLimits):
-            limits = SandboxLimits.from_settings(limits, base=self.pool.limits)
-        return self.pool.run(code, table, limits=limits, **kw)
+            limits = SandboxLimits.from_settings(limits, base=self.ceiling)
+        return self.pool.run(code, table, limits=limits, ceiling=self.ceiling, **kw)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,20 @@ class SourceView:
     @property
     def is_dataset(self) -> bool:
         return self.kind == "dataset"
+
+
+def nearest(word: str, choices: Any, what: str, limit: int = 12) -> str:
+    """``did_you_mean`` listing every name while there are few; past ``limit`` (a shared
+    broker holds hundreds of topics) only the closest few and how many there are."""
+    import difflib
+
+    names = sorted(set(choices))
+    if len(names) <= limit:
+        return did_you_mean(word, names, what)
+    close = difflib.get_close_matches(word, names, n=3, cutoff=0.5) or names[:3]
+    listing = f"nearest existing {what}: {', '.join(close)} ({len(names)} in all)"
+    best = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return f"did you mean '{best[0]}'? ({listing})" if best else listing
 
 
 def split_uri(uri: str) -> tuple[str, str, str]:
@@ -231,7 +247,7 @@ class Catalog:
                 "file": "files",
             }.get(kind, "tables")
             raise DslError.at(
-                f"{uri} does not exist", span, did_you_mean(obj, e.existing, what)
+                f"{uri} does not exist", span, nearest(obj, e.existing, what)
             ) from None
         except SourceError as e:
             raise DslError.at(
@@ -267,12 +283,12 @@ class Catalog:
         from fabric.sandbox import SandboxLimits, shared_pool
 
         sb = self.config.sandbox
+        ceiling = SandboxLimits.from_settings(sb)
         return _SandboxHook(
             shared_pool(
-                size=sb.workers,
-                limits=SandboxLimits.from_settings(sb),
-                allowed_modules=sb.allowed_imports or None,
-            )
+                size=sb.workers, limits=ceiling, allowed_modules=sb.allowed_imports or None
+            ),
+            ceiling,
         )
 
     def crypto_score(self, node: Any, table: pa.Table, params: Mapping[str, Any]) -> pa.Table:

@@ -13,6 +13,7 @@ import pytest
 from fabric.sandbox import (
     SandboxError,
     SandboxLimits,
+    SandboxMemoryError,
     SandboxPool,
     SandboxRuntimeError,
     SandboxTimeout,
@@ -132,9 +133,9 @@ def test_timeout_reports_the_running_line(pool, news):
             news,
             binding="spin",
             snippet_origin=("agents/spin.yaml", 5, 3),
-            limits=SandboxLimits(
-                cpu_seconds=1, wall_seconds=60
-            ),  # CPU fires first, even on a busy machine
+            # CPU fires first, even on a busy machine (an operator ceiling of 60 s wall)
+            limits=SandboxLimits(cpu_seconds=1, wall_seconds=60),
+            ceiling=SandboxLimits(cpu_seconds=1, wall_seconds=60),
         )
     assert ei.value.span.line in (7, 8)  # the loop line or its body
     assert "CPU-time" in str(ei.value)
@@ -147,14 +148,14 @@ def test_wall_clock_limit_when_cpu_limit_is_loose(pool, news):
         pool.run(src, news, binding="slow", limits=SandboxLimits(cpu_seconds=30, wall_seconds=0.5))
 
 
-def test_per_binding_memory_limit_cannot_exceed_the_pool(pool, news):
-    with pytest.raises(ValueError, match="over the pool's maximum"):
-        pool.run(
-            "def run(t):\n    return t\n",
-            news,
-            binding="big",
-            limits=SandboxLimits(memory_bytes=FAST.memory_bytes * 2),
-        )
+def test_per_binding_memory_limit_cannot_exceed_the_pool(pool, news, caplog):
+    """The pool's limits are ceilings: asking for more runs at the ceiling, with a warning."""
+    src = "def run(t):\n    x = bytearray(FAST_MEMORY + (64 << 20))\n    return t\n"
+    src = src.replace("FAST_MEMORY", str(FAST.memory_bytes))
+    with pytest.raises(SandboxMemoryError):
+        pool.run(src, news, binding="big", limits=SandboxLimits(memory_bytes=FAST.memory_bytes * 2))
+    assert "binding 'big' asks for sandbox limit memory_bytes" in caplog.text
+    assert "above the operator's ceiling" in caplog.text
 
 
 def test_limits_overridden_rejects_unknown_keys():

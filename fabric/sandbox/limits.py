@@ -1,4 +1,8 @@
-"""Per-call resource limits of a pushdown snippet (safe defaults, overridable per binding)."""
+"""Per-call resource limits of a pushdown snippet (safe defaults; a binding may lower them).
+
+The operator's limits (``sandbox:`` in fabric.yaml, the pool's) are ceilings: a binding's
+``pushdown.limits`` may only lower them (``SandboxLimits.capped``).
+"""
 
 from __future__ import annotations
 
@@ -56,3 +60,15 @@ class SandboxLimits:
                 f"unknown sandbox limit(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
         return replace(self, **overrides)
+
+    def capped(self, ceiling: SandboxLimits) -> tuple[SandboxLimits, list[tuple[str, Any, Any]]]:
+        """These limits lowered to ``ceiling`` field by field, and ``(field, asked, ceiling)``
+        for every field that asked for more than the ceiling allows."""
+        over = [
+            (f.name, getattr(self, f.name), getattr(ceiling, f.name))
+            for f in fields(self)
+            if getattr(self, f.name) > getattr(ceiling, f.name)
+        ]
+        if not over:
+            return self, []
+        return replace(self, **{name: cap for name, _, cap in over}), over

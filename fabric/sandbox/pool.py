@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -479,20 +479,26 @@ class SandboxPool:
         limits: SandboxLimits | None = None,
         binding: str,
         snippet_origin: tuple = ("<pushdown>", 1),
+        ceiling: SandboxLimits | None = None,
     ) -> pa.Table:
         """Run ``snippet``'s ``run(table, **params)`` in a worker and return its table.
 
         ``snippet_origin`` is ``(file, line)`` or ``(file, line, col)`` of the snippet's first
         character in the binding file; errors point there.  Raises a ``SandboxError``
         subclass naming ``binding`` and the binding-file line that was running.
+
+        ``limits`` (a binding's) may only lower ``ceiling`` (the operator's, by default the
+        pool's limits; memory never above the pool's, which is a hard limit of the worker):
+        a field above it runs at the ceiling, and a warning says so once.
         """
-        limits = limits or self.limits
-        if limits.memory_bytes > self.limits.memory_bytes:
-            raise ValueError(
-                f"binding '{binding}' asks for memory_bytes={limits.memory_bytes}, over the "
-                f"pool's maximum of {self.limits.memory_bytes}; raise SandboxPool(limits=...)"
-            )
+        ceiling = ceiling or self.limits
+        if ceiling.memory_bytes > self.limits.memory_bytes:
+            ceiling = replace(ceiling, memory_bytes=self.limits.memory_bytes)
         origin = _Origin(snippet, binding, *snippet_origin)
+        limits, over = (limits or ceiling).capped(ceiling)
+        if over:
+            self._warn_capped(origin, over)
+        origin.limits = limits
         if self._static:
             self._check(snippet, origin)
         if isinstance(table, pa.RecordBatch):
@@ -513,6 +519,19 @@ class SandboxPool:
             return result
         finally:
             self._release(worker, healthy)
+
+    @staticmethod
+    def _warn_capped(origin: _Origin, over: list) -> None:
+        for name, asked, cap in over:
+            asked, cap = (f"{v:g}" if isinstance(v, float) else str(v) for v in (asked, cap))
+            msg = (
+                f"{origin.file}:{origin.line}: binding '{origin.binding}' asks for sandbox "
+                f"limit {name}={asked}, above the operator's ceiling of {cap} (sandbox: in "
+                f"fabric.yaml); it runs with {cap}"
+            )
+            if msg not in _WARNED:
+                _WARNED.add(msg)
+                log.warning("%s", msg)
 
     def _check(self, snippet: str, origin: _Origin) -> None:
         key = (snippet, origin.file, origin.line, origin.col)
@@ -607,10 +626,16 @@ class _Origin:
             line,
             col,
         )
+        self.limits: SandboxLimits | None = None
 
     def error(self, cls: type[SandboxError], detail: str, snippet_line: int | None) -> SandboxError:
         from dsl.errors import Span
 
+        if cls is SandboxTimeout and self.limits is not None:
+            detail += (
+                f" (limits: {self.limits.cpu_seconds:g} s CPU, "
+                f"{self.limits.wall_seconds:g} s wall-clock)"
+            )
         if not isinstance(snippet_line, int) or snippet_line < 1:
             return cls(self.binding, detail, Span(self.file, self.line, self.col))
         lines = self.snippet.splitlines()
