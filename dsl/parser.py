@@ -247,6 +247,23 @@ class _ToAst(Transformer):
         args = tuple(a for a in c[2:] if a is not None)
         return A.Call(fname.value.lower(), args, distinct, span=_sp(meta))
 
+    def call_from(self, meta: Any, c: list[Any]) -> A.Call:
+        """``extract(year from ts)`` (SQL's form) is ``extract('year', ts)``."""
+        fname: Name = c[0]
+        if fname.value.lower() not in ("extract", "date_part"):
+            raise DslError.at(
+                f"'{fname.value}(... from ...)' is not a function call",
+                _sp(meta),
+                "only extract(<field> from <time>) is written with from; "
+                f"write {fname.value}(a, b)",
+            )
+        unit: Name = c[1]
+        return A.Call(
+            fname.value.lower(),
+            (A.Literal(unit.value.lower(), "str", span=unit.span), c[3]),
+            span=_sp(meta),
+        )
+
     # ---- literals
     def int_lit(self, meta, c):
         return A.Literal(int(c[0]), "int", span=_sp(meta))

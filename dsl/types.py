@@ -69,7 +69,9 @@ class CalendarInterval:
         parts = [f"{sign}{y} year{'s' if y != 1 else ''}"] if y else []
         if m:
             parts.append(f"{sign}{m} month{'s' if m != 1 else ''}")
-        secs = self.delta.total_seconds()
+        days, secs = self.delta.days, self.delta.total_seconds() - self.delta.days * 86400
+        if days:
+            parts.append(f"{days} day{'s' if days != 1 else ''}")
         if secs:
             parts.append(f"{int(secs) if secs == int(secs) else secs} seconds")
         return " ".join(parts)

@@ -419,3 +419,24 @@ select: [w.id]
     text = str(info.value) + str(getattr(info.value, "hint", ""))
     assert "server is up" not in text
     assert "name like" in text and "filter" in text
+
+
+def test_month_intervals_over_columns_and_extract_from(cat, ref) -> None:
+    """``ts + interval '1 month 2 days'`` over a column (pyarrow adds no months: DuckDB
+    computes it) and SQL's ``extract(year from ts)``."""
+    binding = """
+binding: later
+sources:
+  o:
+    from: memory://t/orders
+    where: cast(ordered_at as date) + interval '1 month' > date '2026-12-20'
+    derive: {later: "ordered_at + interval '1 month 2 days'", y: "extract(year from ordered_at)"}
+select: [o.id, o.later, o.y]
+"""
+    plan, got = run(cat, binding)
+    want = ref.execute(
+        """SELECT id, ordered_at + INTERVAL '1 month 2 days', extract(year FROM ordered_at)
+           FROM orders WHERE CAST(ordered_at AS DATE) + INTERVAL 1 MONTH > DATE '2026-12-20'"""
+    ).fetchall()
+    same(rows(got), want)
+    assert "interval '1 month 2 days'" in plan.explain()

@@ -37,6 +37,7 @@ from dsl.ast import (
     Unary,
     replace,
 )
+from dsl.types import CalendarInterval
 from fabric.functions import REGISTRY, register_duckdb, uses_array_functions
 
 _lock = threading.Lock()
@@ -133,6 +134,9 @@ class SqlBuilder:
     def bind(self, v: Any) -> str:
         if isinstance(v, dt.datetime) and v.tzinfo is None:
             v = v.replace(tzinfo=dt.UTC)
+        if isinstance(v, CalendarInterval):  # '1 month 2 days': DuckDB reads the text
+            self.values.append(str(v))
+            return f"CAST(${len(self.values)} AS INTERVAL)"
         self.values.append(v)
         return f"${len(self.values)}"
 
