@@ -165,9 +165,9 @@ class DatasetManager:
         report = loaded.report()
         if report is not None:
             log.error("dataset %s: %s", d.name, report)
-            if ck is None and d.kafka_feed() is None:
+            if ck is None and d.from_uri is None:
                 raise ValueError(
-                    f"dataset {d.name}: {report}; it is not fed from Kafka, so it cannot be "
+                    f"dataset {d.name}: {report}; it has no 'from:' source, so it cannot be "
                     f"rebuilt: restore {sdir} from a backup, or move it away to start empty"
                 )
             self._recovery[d.name] = report
