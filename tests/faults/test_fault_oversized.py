@@ -69,3 +69,51 @@ def test_an_oversized_message_is_dead_lettered_and_its_batch_ingested(
     finally:
         delete_topic(kafka_bootstrap, topic, wait_gone=False)
         delete_topic(kafka_bootstrap, topic + ".dlq", wait_gone=False)
+
+
+def test_a_dead_letter_the_topic_refuses_goes_to_the_state_directory(
+    kafka_bootstrap, test_run_id, tmp_path, monkeypatch
+):
+    """Issue 13 finding 13: not ./.fabric of the working directory; 0600; and it stands as a
+    ``dead_letter`` error (the rows are all there)."""
+    import os
+    import stat
+
+    topic = f"fabric_refused_{test_run_id}"
+    create_topic(kafka_bootstrap, topic, 1, **{"max.message.bytes": str(16 * 1024 * 1024)})
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    try:
+        big = json.dumps({"id": "big", "n": 1, "body": "x" * BIG}).encode()
+        where = produce(
+            kafka_bootstrap,
+            topic,
+            [*docs(range(10)), ("big", big), *docs(range(10, 20))],
+            **{"message.max.bytes": 20 * 1024 * 1024},
+        )
+        ds = new_dataset({"n": "btree"})
+        tr = FreshnessTracker()
+        # sent whole: the producer refuses it (message.max.bytes 1,000,000)
+        opts = IngestOptions(
+            kafka_bootstrap, topic, f"fabric.test.{topic}", dead_letter_max_bytes=BIG * 2
+        )
+        state = tmp_path / "state"
+        ing = KafkaIngestor("docs", ds, opts, tracker=tr, state_dir=state)
+        ing.start()
+        try:
+            wait_for(ing.caught_up, 60, f"caught up ({ds.count()} rows, {ing.last_error})")
+        finally:
+            ing.stop(checkpoint_now=False)
+        assert ds.count() == 20
+        assert not (cwd / ".fabric").exists()
+        path = state / "dead-letters.jsonl"
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        (line,) = [json.loads(x) for x in path.read_text().splitlines()]
+        assert (line["partition"], line["offset"]) == where[10] and line["dlq_error"]
+        assert len(line["value"]) == 65536
+        f = tr.source("docs")
+        assert "dead_letter" in f.errors and str(path) in f.errors["dead_letter"], f.errors
+    finally:
+        delete_topic(kafka_bootstrap, topic, wait_gone=False)
+        delete_topic(kafka_bootstrap, topic + ".dlq", wait_gone=False)
