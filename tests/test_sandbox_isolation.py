@@ -343,3 +343,39 @@ def test_type_still_works_for_ordinary_snippets(gate_pool):
     )
     out = gate_pool.run(src, TABLE, binding="ordinary")
     assert out["ok"].to_pylist() == [True] * 8
+
+
+# Finding 6: a binding flooding the pool must not make another binding wait for its backlog.
+HOSTILE_SLOW = (
+    "def run(table):\n    n = 0\n    for i in range(300000):\n        n += i\n    return table\n"
+)
+
+
+def test_a_flooding_binding_does_not_starve_another():
+    order: list[str] = []
+    lock = threading.Lock()
+    with SandboxPool(size=1, limits=LIMITS) as pool:
+
+        def call(name: str, src: str) -> None:
+            with contextlib.suppress(SandboxError):
+                pool.run(src, TABLE, binding=name)
+            with lock:
+                order.append(name)
+
+        flood = [threading.Thread(target=call, args=("hostile", HOSTILE_SLOW)) for _ in range(6)]
+        for t in flood:
+            t.start()
+        for _ in range(500):  # until the backlog is queued behind the running call
+            if sum(len(q) for q in list(pool._waiting.values())) >= 4:
+                break
+            time.sleep(0.01)
+        with lock:
+            done_before = len(order)
+        waiting_then = sum(len(q) for q in list(pool._waiting.values()))
+        benign = threading.Thread(target=call, args=("benign", IDENTITY))
+        benign.start()
+        for t in [*flood, benign]:
+            t.join(60)
+    assert waiting_then >= 3, (waiting_then, order)  # there was a backlog to jump
+    # served after at most the one hostile call that held the worker when it arrived
+    assert order.index("benign") <= done_before + 1, (done_before, order)

@@ -8,7 +8,9 @@ violated a limit, crashed or timed out is killed and replaced; the pool carries 
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import json
 import logging
 import mmap
@@ -328,6 +330,12 @@ class SandboxPool:
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._live = 0
+        # fair queuing between bindings (``_acquire``)
+        self._cv = threading.Condition()
+        self._tickets = itertools.count()
+        self._waiting: dict[str, collections.deque[int]] = {}
+        self._running: collections.Counter[str] = collections.Counter()
+        self._served: dict[str, int] = {}
         self._closed = False
         self._jail: str | None = None
         self._argv = list(_worker_argv or [sys.executable, "-s", _BOOT])
@@ -383,10 +391,17 @@ class SandboxPool:
     # worker lifecycle -----------------------------------------------------------------
     def _spawn(self) -> _Worker | None:
         """Start a worker if the pool has room for one (checked and counted atomically)."""
+        return self._start() if self._reserve() else None
+
+    def _reserve(self) -> bool:
         with self._lock:
             if self._live >= self.size:
-                return None
+                return False
             self._live += 1
+            return True
+
+    def _start(self) -> _Worker:
+        """Start a worker in a slot ``_reserve`` counted (given back if the start fails)."""
         try:
             shm = self.limits.output_bytes if self.transport == "shm" else 0
             return _Worker(self._argv, self._env, self.start_timeout, shm, self._jail)
@@ -395,6 +410,11 @@ class SandboxPool:
                 self._live -= 1
             raise
 
+    def _put_idle(self, worker: _Worker) -> None:
+        self._idle.put(worker)
+        with self._cv:
+            self._cv.notify_all()
+
     def _warn_layers(self) -> None:
         for name, state in self.layers.items():
             msg = f"sandbox layer '{name}' is {state}"
@@ -402,29 +422,68 @@ class SandboxPool:
                 _WARNED.add(msg)
                 log.warning("%s; the other layers still apply", msg)
 
-    def _acquire(self) -> _Worker:
+    def _acquire(self, binding: str) -> _Worker:
+        """A worker for ``binding``, fairly: a free worker goes to the waiting binding with
+        the fewest calls running, then the one served longest ago, then the earliest
+        caller.  A binding flooding the pool thus delays another one by at most the time
+        until the next worker is free, not by its whole backlog (issue 13, finding 6)."""
         deadline = time.monotonic() + self.acquire_timeout
-        while True:
-            if self._closed:
-                raise SandboxError("(pool)", "the sandbox pool is closed")
+        with self._cv:
+            ticket = next(self._tickets)
+            waiting = self._waiting.setdefault(binding, collections.deque())
+            waiting.append(ticket)
             try:
-                return self._idle.get_nowait()
-            except queue.Empty:
-                pass
-            worker = self._spawn()
-            if worker is not None:
-                return worker
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SandboxError(
-                    "(pool)",
-                    f"no sandbox worker became free within {self.acquire_timeout}s",
-                    hint="raise SandboxPool(size=...) or lower the snippets' limits",
-                )
+                while True:
+                    if self._closed:
+                        raise SandboxError("(pool)", "the sandbox pool is closed")
+                    if self._next_turn() == (binding, ticket):
+                        try:
+                            worker: _Worker | None = self._idle.get_nowait()
+                            break
+                        except queue.Empty:
+                            pass
+                        if self._reserve():
+                            worker = None  # started below, outside the lock
+                            break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise SandboxError(
+                            "(pool)",
+                            f"no sandbox worker became free within {self.acquire_timeout}s",
+                            hint="raise SandboxPool(size=...) or lower the snippets' limits",
+                        )
+                    self._cv.wait(min(left, 0.5))
+                self._running[binding] += 1
+                self._served[binding] = ticket
+            finally:
+                waiting.remove(ticket)
+                if not waiting:
+                    del self._waiting[binding]
+                self._cv.notify_all()
+        if worker is None:
             try:
-                return self._idle.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                continue
+                worker = self._start()
+            except BaseException:
+                self._done(binding)
+                raise
+        return worker
+
+    def _next_turn(self) -> tuple[str, int] | None:
+        """(binding, ticket) of the caller who gets the next free worker."""
+        if not self._waiting:
+            return None
+        binding = min(
+            self._waiting,
+            key=lambda b: (self._running[b], self._served.get(b, -1), self._waiting[b][0]),
+        )
+        return binding, self._waiting[binding][0]
+
+    def _done(self, binding: str) -> None:
+        with self._cv:
+            self._running[binding] -= 1
+            if self._running[binding] <= 0:
+                del self._running[binding]
+            self._cv.notify_all()
 
     def _fit(self, worker: _Worker) -> bool:
         """Recycle a worker that used half its lifetime CPU budget or grew its memory a lot."""
@@ -436,13 +495,15 @@ class SandboxPool:
         except OSError:
             return False
 
-    def _release(self, worker: _Worker, healthy: bool) -> None:
+    def _release(self, worker: _Worker, healthy: bool, binding: str) -> None:
         if healthy and not self._closed:
             self._idle.put(worker)
+            self._done(binding)
             return
         worker.kill()
         with self._lock:
             self._live -= 1
+        self._done(binding)
         if not self._closed:
             threading.Thread(target=self._replace, daemon=True, name="sandbox-respawn").start()
 
@@ -454,7 +515,7 @@ class SandboxPool:
             return
         if worker is None:
             return
-        self._idle.put(worker)
+        self._put_idle(worker)
         if self._closed:  # closed while it was starting
             self.close()
 
@@ -462,6 +523,8 @@ class SandboxPool:
         """Stop the idle workers (busy ones stop when their call ends) and remove the jail."""
         self._closed = True
         _close_idle(self._idle, self._jail)
+        with self._cv:
+            self._cv.notify_all()
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -506,7 +569,7 @@ class SandboxPool:
         if not isinstance(table, pa.Table):
             raise TypeError(f"SandboxPool.run needs a pyarrow.Table, got {type(table).__name__}")
         header = {"source": snippet, "params": params or {}, "limits": asdict(limits)}
-        worker = self._acquire()
+        worker = self._acquire(binding)
         healthy = False
         try:
             reply, payload = self._call(worker, worker.request(header, table), limits, origin)
@@ -518,7 +581,7 @@ class SandboxPool:
             healthy = self._fit(worker)
             return result
         finally:
-            self._release(worker, healthy)
+            self._release(worker, healthy, binding)
 
     @staticmethod
     def _warn_capped(origin: _Origin, over: list) -> None:

@@ -35,6 +35,15 @@ def main() -> None:
             buf += chunk
         return buf
 
+    if mode == "zstd":  # made before "ready": a loaded machine must not turn it into a timeout
+        import pyarrow as pa
+
+        table = pa.table({"x": pa.array([0] * 100_000)})
+        sink = pa.BufferOutputStream()
+        opts = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
+            w.write_table(table)
+        zstd = sink.getvalue().to_pybytes()
     if mode == "liar":
         import threading
 
@@ -65,14 +74,7 @@ def main() -> None:
             send({"status": "ok", "rows": 1}, claimed=100)
             os._exit(3)
         elif mode == "zstd":  # valid Arrow, but compressed: a decompression bomb in the making
-            import pyarrow as pa
-
-            table = pa.table({"x": pa.array([0] * 100_000)})
-            sink = pa.BufferOutputStream()
-            opts = pa.ipc.IpcWriteOptions(compression="zstd")
-            with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
-                w.write_table(table)
-            send({"status": "ok", "rows": 1}, sink.getvalue().to_pybytes())
+            send({"status": "ok", "rows": 1}, zstd)
         elif mode == "silent":
             time.sleep(600)
 
