@@ -440,3 +440,53 @@ select: [o.id, o.later, o.y]
     ).fetchall()
     same(rows(got), want)
     assert "interval '1 month 2 days'" in plan.explain()
+
+
+def test_a_stage_value_is_the_query_vector_of_the_next_step() -> None:
+    """Multi-hop in one plan (issue 17's shape): step 1 reads one row's embedding, step 2
+    searches its nearest neighbours; checked against numpy brute force."""
+    import numpy as np
+
+    from connectors.dataset import DatasetSource
+    from fabric.execute.local import LocalCatalog
+    from indexes.dataset import Dataset
+
+    rng = np.random.default_rng(5)
+    n, d = 300, 8
+    vecs = rng.normal(size=(n, d)).astype(np.float32)
+    symbols = rng.choice(["AAPL", "NVDA"], n)
+    schema = pa.schema(
+        [("id", pa.int64()), ("symbol", pa.string()), ("embedding", pa.list_(pa.float32(), d))]
+    )
+    ds = Dataset.create("news", schema, "id", {"embedding": {"kind": "hnsw", "metric": "l2"}})
+    ds.upsert(
+        pa.table(
+            {
+                "id": pa.array(range(n), pa.int64()),
+                "symbol": symbols,
+                "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), d),
+            },
+            schema=schema,
+        )
+    )
+    cat = LocalCatalog({}, datasets={"news": DatasetSource("dataset://news", ds)})
+    binding = """
+binding: more_like_this
+session: {id: int}
+stages:
+  seed:
+    sources:
+      n0: {from: dataset://news, where: "id = {{session.id}}"}
+    select: [n0.embedding]
+    limit: 1
+sources:
+  n:
+    from: dataset://news
+    nearest: {column: embedding, to: seed.embedding, k: 5}
+    where: symbol = 'NVDA'
+select: [n.id]
+"""
+    _, got = run(cat, binding, {"id": 17})
+    dist = ((vecs - vecs[17]) ** 2).sum(axis=1)
+    want = [int(i) for i in np.argsort(np.where(symbols == "NVDA", dist, np.inf))[:5]]
+    assert got.column("id").to_pylist() == want

@@ -43,8 +43,11 @@ from fabric.plan.nodes import (
     Project,
     Scan,
     Sort,
+    Stage,
+    StageRef,
     UserFunction,
     VectorSearch,
+    WithStages,
 )
 
 UNKNOWN_ROWS = 1_000_000
@@ -125,6 +128,8 @@ class Estimator:
             return min(node.n, self._rows(node.input, dynamic))
         if isinstance(node, Derive | Project | Sort | UserFunction | EncryptedScore):
             return self._rows(node.children()[0], dynamic)
+        if isinstance(node, StageRef | Stage | WithStages):  # a stage's rows: its plan's
+            return self._rows(node.input, dynamic)
         return UNKNOWN_ROWS
 
     def scan_rows(self, scan: Scan, *, dynamic: bool = True) -> float:

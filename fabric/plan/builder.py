@@ -652,6 +652,11 @@ class _Builder:
                 if vecs
                 else "this dataset has no vector[N] column",
             )
+        # a one-row stage's value may be the query vector (a step feeding the next)
+        to = A.replace(
+            nr.to, lambda _: None, pre=partial(self._subquery, scope=[], local=None, what="nearest")
+        )
+        nr = dataclasses.replace(nr, to=to)
         if nr.to.columns():
             raise DslError.at(
                 "nearest to: must be a session value or a constant vector, not a column",
