@@ -379,3 +379,74 @@ def test_a_flooding_binding_does_not_starve_another():
     assert waiting_then >= 3, (waiting_then, order)  # there was a backlog to jump
     # served after at most the one hostile call that held the worker when it arrived
     assert order.index("benign") <= done_before + 1, (done_before, order)
+
+
+# Finding 7: results whose encodings expand to terabytes once decoded.
+BOMB_LIMITS = SandboxLimits(cpu_seconds=5.0, wall_seconds=20.0, memory_bytes=512 << 20,
+                            output_bytes=64 << 20)  # fmt: skip
+BOMBS = [
+    (
+        "dictionary_45MiB_to_200TB",
+        "import pyarrow as pa\ndef run(table):\n"
+        "    d = pa.array([b'x' * (40 << 20)])\n"
+        "    idx = pa.Array.from_buffers(pa.int8(), 5_000_000, [None, pa.py_buffer(bytes(5_000_000))])\n"
+        "    return pa.table({'bomb': pa.DictionaryArray.from_arrays(idx, d)})\n",
+    ),
+    (
+        "run_end_encoded",
+        "import pyarrow as pa\ndef run(table):\n"
+        "    ree = pa.RunEndEncodedArray.from_arrays(pa.array([5_000_000], pa.int32()),\n"
+        "                                            pa.array([b'x' * (40 << 20)]))\n"
+        "    return pa.table({'bomb': ree})\n",
+    ),
+    (
+        "list_of_dictionary",
+        "import pyarrow as pa\ndef run(table):\n"
+        "    d = pa.array(['y' * (8 << 20)])\n"
+        "    idx = pa.Array.from_buffers(pa.int8(), 4_000_000, [None, pa.py_buffer(bytes(4_000_000))])\n"
+        "    inner = pa.DictionaryArray.from_arrays(idx, d)\n"
+        "    return pa.table({'bomb': pa.ListArray.from_arrays(pa.array([0, 4_000_000], pa.int32()), inner)})\n",
+    ),
+    (
+        "string_views_of_one_buffer",
+        "import numpy as np\nimport pyarrow as pa\ndef run(table):\n"
+        "    n = 1_000_000\n"
+        "    data = pa.py_buffer(b'z' * (16 << 20))\n"
+        "    views = np.zeros((n, 4), np.int32)\n"
+        "    views[:, 0] = 16 << 20\n"
+        "    views[:, 1] = 0x7a7a7a7a\n"
+        "    arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views.tobytes()), data])\n"
+        "    return pa.table({'bomb': arr})\n",
+    ),
+    (
+        "list_of_nulls",
+        "import pyarrow as pa\ndef run(table):\n"
+        "    inner = pa.Array.from_buffers(pa.null(), 1 << 40, [None])\n"
+        "    return pa.table({'bomb': pa.LargeListArray.from_arrays(pa.array([0, 1 << 40], pa.int64()), inner)})\n",
+    ),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bomb_pool():
+    with SandboxPool(size=1, limits=BOMB_LIMITS) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize(("case_id", "src"), BOMBS, ids=[c[0] for c in BOMBS])
+def test_results_that_decode_past_the_output_limit_are_refused(bomb_pool, case_id, src):
+    with pytest.raises(SandboxViolation, match="would decode past the output limit"):
+        bomb_pool.run(src, TABLE, binding=case_id)
+
+
+def test_ordinary_encoded_results_still_pass(bomb_pool):
+    src = (
+        "import pyarrow as pa\nimport pyarrow.compute as pc\ndef run(table):\n"
+        "    s = pc.cast(table['id'], pa.string())\n"
+        "    ree = pc.run_end_encode(pa.array([1, 1, 2]))\n"
+        "    return pa.table({'d': pc.dictionary_encode(s), 'v': s.cast(pa.string_view()),\n"
+        "                     'l': pa.array([[i % 3] for i in range(100)])})\n"
+    )
+    out = bomb_pool.run(src, TABLE, binding="encoded")
+    assert out["d"].type == pa.dictionary(pa.int32(), pa.string())
+    assert out["d"].to_pylist() == [str(i) for i in range(100)]

@@ -207,6 +207,7 @@ def test_eight_concurrent_calls_one_hostile(news):
         ("header", SandboxViolation, "malformed reply"),
         ("die", SandboxViolation, "crashed"),
         ("silent", SandboxTimeout, "wall-clock"),
+        ("dictbomb", SandboxViolation, "would decode past the output limit of 1048576 bytes"),
     ],
 )
 def test_compromised_worker_is_cut_off(mode, error, needle, news):

@@ -44,7 +44,15 @@ from .errors import (
 from .limits import SandboxLimits
 from .oslayers import verify_threads
 from .policy import ALLOWED_MODULES, resolve_modules
-from .protocol import MAX_HEADER_BYTES, PREFIX, encode, ipc_bytes, ipc_into
+from .protocol import (
+    MAX_HEADER_BYTES,
+    PREFIX,
+    DecodeBomb,
+    check_decoded_size,
+    encode,
+    ipc_bytes,
+    ipc_into,
+)
 from .static import check_snippet
 
 log = logging.getLogger("fabric.sandbox")
@@ -713,7 +721,18 @@ def _parse_result(payload: bytes | bytearray, limits: SandboxLimits, origin: _Or
     try:
         _check_ipc_messages(payload, limits.max_rows)
         table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+        table.validate()
+        # before full validation and before anyone decodes it: a 45 MiB dictionary can
+        # decode to terabytes, and validating a million views of one string takes hours
+        check_decoded_size(table, limits.output_bytes)
         table.validate(full=True)
+    except DecodeBomb as exc:
+        raise origin.error(
+            SandboxViolation,
+            f"returned a table that would decode past the output limit of "
+            f"{limits.output_bytes} bytes: {exc}",
+            None,
+        ) from None
     except Exception as exc:
         raise origin.error(
             SandboxViolation, f"returned malformed Arrow data ({exc})", None

@@ -258,6 +258,10 @@ def _serve(ch: _Channel, restricted_python: bool, call_limits: _Limits) -> None:
         ch.send(reply, out_payload)
 
 
+def _bomb_message(exc: Exception, limit: int) -> str:
+    return f"returned a table that would decode past the output limit of {limit} bytes: {exc}"
+
+
 def _encode_result(result, limits: dict, ch: _Channel) -> tuple[dict, bytes]:
     if type(result) is pa.RecordBatch:
         result = pa.Table.from_batches([result])
@@ -272,7 +276,11 @@ def _encode_result(result, limits: dict, ch: _Channel) -> tuple[dict, bytes]:
             None,
         ), b""
     try:
-        result.validate(full=True)
+        result.validate()  # structure only: cheap, and enough to measure the decoded size
+        protocol.check_decoded_size(result, limits["output_bytes"])
+        result.validate(full=True)  # before this: a million views of one 16 MiB string
+    except protocol.DecodeBomb as exc:
+        return _error("violation", _bomb_message(exc, limits["output_bytes"]), None), b""
     except Exception as exc:
         return _error("violation", f"returned a malformed Arrow table: {exc}", None), b""
     if result.get_total_buffer_size() > limits["output_bytes"] * 2:

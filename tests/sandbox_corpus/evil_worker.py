@@ -2,8 +2,9 @@
 
 Usage: evil_worker.py MODE --in FD --out FD [ignored pool options...]
 MODE: drip (slow-drip output), flood (claims a huge payload), garbage (bytes that are not
-Arrow), header (an oversized header), zstd (compressed Arrow), die (exits mid-reply), silent (never answers), liar (claims OS layers it never applied,
-with a second thread running).
+Arrow), header (an oversized header), zstd (compressed Arrow), die (exits mid-reply), silent
+(never answers), dictbomb (a dictionary that decodes to 50 GB), liar (claims OS layers it
+never applied, with a second thread running).
 """
 
 import json
@@ -44,6 +45,15 @@ def main() -> None:
         with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
             w.write_table(table)
         zstd = sink.getvalue().to_pybytes()
+    if mode == "dictbomb":  # 600 KB of Arrow IPC that decodes to 50 GB
+        import pyarrow as pa
+
+        idx = pa.Array.from_buffers(pa.int8(), 100_000, [None, pa.py_buffer(bytes(100_000))])
+        bomb = pa.DictionaryArray.from_arrays(idx, pa.array([b"x" * (512 << 10)]))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, pa.schema([("bomb", bomb.type)])) as w:
+            w.write_table(pa.table({"bomb": bomb}))
+        dictbomb = sink.getvalue().to_pybytes()
     if mode == "liar":
         import threading
 
@@ -75,6 +85,8 @@ def main() -> None:
             os._exit(3)
         elif mode == "zstd":  # valid Arrow, but compressed: a decompression bomb in the making
             send({"status": "ok", "rows": 1}, zstd)
+        elif mode == "dictbomb":
+            send({"status": "ok", "rows": 100_000}, dictbomb)
         elif mode == "silent":
             time.sleep(600)
 
