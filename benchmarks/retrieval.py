@@ -150,7 +150,7 @@ def points(a: dict[str, np.ndarray], n: int) -> list[Point]:
         ts = T0 + dt.timedelta(seconds=cut)
         return Binary(">=", Column("ts"), Literal(ts, "timestamp")), a["ts_s"] >= cut
 
-    out = [Point("none (100%)", None, np.ones(n, bool))]
+    out = [Point("none (100%)", None, np.ones(len(a["rnd"]), bool))]
     for s in (0.1, 0.01, 0.001, 0.0001):
         out.append(Point(f"uncorr {s:.2%}", lt("rnd", s), a["rnd"] < s))
     for s in (0.1, 0.01, 0.001, 0.0001):
@@ -224,11 +224,18 @@ def recall(found: np.ndarray, exp: np.ndarray) -> float:
 
 
 def run_point(
-    src: DatasetSource, p: Point, qs: np.ndarray, gt: list[np.ndarray], slow: int
+    src: DatasetSource,
+    p: Point,
+    qs: np.ndarray,
+    gt: list[np.ndarray],
+    slow: int,
+    partition: bool = False,
 ) -> dict[str, dict]:
     """Every strategy on every query, interleaved per query in random order, so machine
     noise and the cache effects of the previous run hit every strategy alike."""
     names = ["postfilter", "insearch", "prefilter", "exact", "optimizer"]
+    if partition:  # per-value graphs of `cl` (--partition): only the cl-pinning points
+        names.insert(4, "partition")
     lat: dict[str, list[float]] = {s: [] for s in names}
     rec: dict[str, list[float]] = {s: [] for s in names}
     chosen: dict[str, int] = {}
@@ -309,6 +316,42 @@ def faiss_run(
     return out
 
 
+def usearch_run(
+    x: np.ndarray, qs: np.ndarray, pts: list[Point], gts: list[list[np.ndarray]], ef: int
+) -> dict[str, dict] | str:
+    """usearch HNSW (connectivity 16, expansion_add 200, expansion_search = ef); its Python
+    API has no filter, so a filtered point post-filters k' = 1.5 k / selectivity + k
+    (cap 4,096) results -- what a user of it would write."""
+    try:
+        from usearch.index import Index
+    except ImportError:
+        return "usearch not installed (pip install -e .[bench])"
+    t = time.perf_counter()
+    idx = Index(
+        ndim=DIM,
+        metric="l2sq",
+        dtype="f32",
+        connectivity=16,
+        expansion_add=200,
+        expansion_search=ef,
+    )
+    idx.add(np.arange(len(x)), x, threads=os.cpu_count() or 1)
+    out: dict[str, dict] = {"_build_s": {"s": time.perf_counter() - t}}
+    for p, gt in zip(pts, gts):
+        sel = max(float(p.mask.mean()), 1e-9)
+        kp = K if p.where is None else min(4096, int(np.ceil(K * 1.5 / sel)) + K)
+        lat, rec = [], []
+        for q, exp in zip(qs, gt):
+            t = time.perf_counter()
+            m = idx.search(q, kp, threads=1)
+            keys = np.asarray(m.keys, dtype=np.int64)
+            keys = keys[p.mask[keys]][:K]
+            lat.append(time.perf_counter() - t)
+            rec.append(recall(keys, exp))
+        out[p.name] = {"p50": float(np.median(lat)) * 1e3, "recall": float(np.mean(rec))}
+    return out
+
+
 def lance_sql(e: Expr | None, n: int) -> str | None:
     """The same predicate for LanceDB (keywords as boolean columns, time as seconds)."""
     if e is None:
@@ -317,6 +360,8 @@ def lance_sql(e: Expr | None, n: int) -> str | None:
         return f"({lance_sql(e.left, n)}) AND ({lance_sql(e.right, n)})"
     if isinstance(e, Call):
         return f"kw_{e.args[1].value}"  # type: ignore[union-attr]
+    if isinstance(e, InList):
+        return f"cl IN ({', '.join(str(i.value) for i in e.items)})"  # type: ignore[union-attr]
     assert isinstance(e, Binary) and isinstance(e.left, Column) and isinstance(e.right, Literal)
     if e.left.name == "ts":
         return f"ts_s {e.op} {int((e.right.value - T0).total_seconds())}"
@@ -350,6 +395,7 @@ def lancedb_run(
             "rnd": a["rnd"],
             "corr": a["corr"],
             "ts_s": a["ts_s"],
+            "cl": a["cl"],
         }
         cols |= {f"kw_{w}": a[f"kw_{w}"] for w in KEYWORDS}
         cols["vector"] = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), DIM)
@@ -436,11 +482,13 @@ def folding_run(
     qs: np.ndarray,
     m: int,
     only: str | None,
+    partition: bool = False,
 ) -> list[tuple]:
     """Queries issued while a bulk upsert of ``m`` fresh rows folds into the graph: the
-    upsert returns at once (``max_growing`` raised to ``m``), the background folder then
-    works through the growing segment while every point runs postfilter / prefilter
-    (guards off) and the optimizer, interleaved per query; truth covers all n + m rows."""
+    upsert (20k-row batches) returns once backpressure lets its last batch in (the
+    growing segment then holds up to ``max_growing`` + a batch), and the background
+    folder works through it while every point runs postfilter / prefilter (guards off)
+    and the optimizer, interleaved per query; truth covers all n + m rows."""
     b, table = make_rows(m, start=n, seed=3)
     a2 = {c: np.concatenate([a[c], b[c]]) for c in a}
     x2 = a2["x"]
@@ -448,7 +496,6 @@ def folding_run(
     pts = [p for p in points(a2, n) if only is None or only in p.name]
     print(f"ground truth over {n + m} rows for {len(pts)} points ...", flush=True)
     gts = [truth(x2, sq, qs, p.mask) for p in pts]
-    ds.max_growing = max(ds.max_growing, m + 1)
     for vi in ds.vectors.values():
         vi.fold_rows = 2048
     ds.background_fold, ds._closed = True, False
@@ -459,7 +506,7 @@ def folding_run(
         f"upserted {m} rows in {time.perf_counter() - t:.1f} s; growing {ds.growing()}", flush=True
     )
     t_fold = time.perf_counter()
-    names = ["postfilter", "prefilter", "optimizer"]
+    names = ["postfilter", "prefilter", "partition", "optimizer"]
     out = []
     order = np.random.default_rng(5)
     for p, gt in zip(pts, gts):
@@ -467,8 +514,9 @@ def folding_run(
         lat: dict[str, list[float]] = {s: [] for s in names}
         rec: dict[str, list[float]] = {s: [] for s in names}
         filters = () if p.where is None else (p.where,)
+        active = [s for s in names if s != "partition" or (partition and "anti" in p.name)]
         for q, exp in zip(qs, gt):
-            for s in map(str, order.permutation(names)):
+            for s in map(str, order.permutation(active)):
                 strat = None if s == "optimizer" else s
                 t = time.perf_counter()
                 table_, _ = src.search(
@@ -478,11 +526,11 @@ def folding_run(
                 rec[s].append(recall(table_.column("id").to_numpy(), exp))
         res = {
             s: {"p50": float(np.median(lat[s]) * 1e3), "recall": float(np.mean(rec[s]))}
-            for s in names
+            for s in active
         }
         ok = [v["p50"] for k, v in res.items() if k != "optimizer" and v["recall"] >= 0.95]
         ratio = res["optimizer"]["p50"] / min(ok) if ok else float("nan")
-        out.append((p.name, g0, ds.growing(), res, ratio))
+        out.append((p.name, float(p.mask.mean()), g0, ds.growing(), res, ratio))
         print(
             f"{p.name:<16} growing {g0:>6}->{ds.growing():>6} | "
             + " | ".join(f"{k[:6]} {v['p50']:7.3f}ms r{v['recall']:.3f}" for k, v in res.items())
@@ -514,6 +562,11 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="substring: run only matching points")
     ap.add_argument("--no-faiss", action="store_true")
     ap.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run the peers installed from the 'bench' extra (usearch; faiss runs unless --no-faiss; LanceDB with --lancedb Q)",
+    )
+    ap.add_argument(
         "--api", action="store_true", help="also time the optimizer through fabric.open/fab.query"
     )
     ap.add_argument(
@@ -535,6 +588,11 @@ def main() -> None:
         "--folding-queries", type=int, default=50, help="queries per point during folding"
     )
     ap.add_argument(
+        "--partition",
+        action="store_true",
+        help="build per-value HNSW graphs of cl (IndexSpec partition=) and run that strategy too",
+    )
+    ap.add_argument(
         "--ef", type=int, default=128, help="HNSW search breadth (recall 0.977 at 128 here)"
     )
     args = ap.parse_args()
@@ -544,7 +602,12 @@ def main() -> None:
     ds.set_ef("emb", args.ef)
     if args.calibrate or ds.cost_model is None:
         calibrate(ds)
-        ds.save(os.path.join(args.cache, f"retrieval-{args.n}"))
+        ds.save(os.path.join(args.cache, f"retrieval-v2-{args.n}"))
+    if args.partition:
+        t = time.perf_counter()
+        ds.partition("emb", "cl")
+        ds.flush()
+        print(f"per-value graphs of cl built in {time.perf_counter() - t:.1f} s", flush=True)
     cm = ds.cost_model
     print(
         f"cost model: hnsw {cm.columns.get('emb')}, contig {cm.contig_ns_per_dim * DIM:.1f} ns/row, gather {cm.gather_ns_per_dim * DIM:.1f} ns/row, callback {cm.callback_ns:.0f} ns, visits/ef {cm.visits_per_ef:.1f}"
@@ -562,11 +625,11 @@ def main() -> None:
     print(f"computing ground truth for {len(pts)} points x {len(qs)} queries ...", flush=True)
     gts = [truth(x, sq, qs, p.mask) for p in pts]
     for p, gt in zip(pts, gts):  # warm up (first pyarrow compute calls, caches)
-        run_point(src, p, qs[:2], gt[:2], 1)
+        run_point(src, p, qs[:2], gt[:2], 1, args.partition and "anti" in p.name)
     rows = []
     for p, gt in zip(pts, gts):
         sel = p.mask.mean()
-        res = run_point(src, p, qs, gt, args.slow_queries)
+        res = run_point(src, p, qs, gt, args.slow_queries, args.partition and "anti" in p.name)
         rows.append((p, sel, res))
         bk, ratio = versus_best(res)
         o = res["optimizer"]
@@ -582,17 +645,17 @@ def main() -> None:
     )
     print()
     print(
-        "| point | selectivity | postfilter | insearch* | prefilter | exact* | optimizer | best fixed (recall>=0.95) | opt / best (same queries) | optimizer chose |"
+        "| point | selectivity | postfilter | insearch* | prefilter | exact* | partition | optimizer | best fixed (recall>=0.95) | opt / best (same queries) | optimizer chose |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     summary = []
     for p, sel, res in rows:
         bk, ratio = versus_best(res)
         o = res["optimizer"]
         summary.append((o["recall"], ratio, o["p50"]))
         cells = [
-            f"{res[s]['p50']:.3f} ({res[s]['recall']:.2f})"
-            for s in ("postfilter", "insearch", "prefilter", "exact", "optimizer")
+            f"{res[s]['p50']:.3f} ({res[s]['recall']:.2f})" if s in res else "-"
+            for s in ("postfilter", "insearch", "prefilter", "exact", "partition", "optimizer")
         ]
         chose = ", ".join(f"{k} {v}" for k, v in sorted(o["chosen"].items(), key=lambda kv: -kv[1]))
         print(
@@ -632,6 +695,31 @@ def main() -> None:
             for p in pts:
                 r = fr[p.name]
                 print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
+    if args.peers:
+        ur = usearch_run(x, qs, pts, gts, args.ef)
+        print()
+        if isinstance(ur, str):
+            print(f"usearch: skipped ({ur})")
+        else:
+            print(
+                f"## usearch HNSW connectivity=16 expansion_add=200 expansion_search={args.ef}, post-filter k'=1.5k/sel+k (build {ur['_build_s']['s']:.1f} s; library call only)"
+            )
+            print()
+            print("| point | p50 ms | recall@10 |")
+            print("|---|---|---|")
+            for p in pts:
+                r = ur[p.name]
+                print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
+        for mod, pkg in (
+            ("chromadb", "chromadb"),
+            ("milvus_lite", "milvus-lite"),
+            ("qdrant_client", "qdrant-client"),
+        ):
+            try:
+                __import__(mod)
+                print(f"\n{pkg}: installed, but no runner in this benchmark yet")
+            except ImportError:
+                print(f"\n{pkg}: not run (not installed; pip install -e .[bench])")
     if args.lancedb:
         lr = lancedb_run(x, a, qs, pts, gts, args.cache, args.lancedb)
         print()
@@ -650,24 +738,28 @@ def main() -> None:
                 print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
     if args.folding:
         print()
-        fr2 = folding_run(ds, src, a, args.n, qs[: args.folding_queries], args.folding, args.only)
-        print()
-        print(
-            f"## During folding: {args.folding} rows upserted at once into the {args.n}-row dataset, queried while the folder works ({args.folding_queries} queries per point); p50 ms (recall@10)"
+        fr2 = folding_run(
+            ds, src, a, args.n, qs[: args.folding_queries], args.folding, args.only, args.partition
         )
         print()
         print(
-            "| point | growing rows | postfilter | prefilter | optimizer | opt / best fixed (recall>=0.95) |"
+            f"## During folding: {args.folding} rows upserted (20k batches, default backpressure) into the {args.n}-row dataset, queried while the folder works ({args.folding_queries} queries per point); p50 ms (recall@10)"
         )
-        print("|---|---|---|---|---|---|")
-        for name, g0, g1, res, ratio in fr2:
+        print()
+        print(
+            "| point | selectivity | growing rows | postfilter | prefilter | partition | optimizer | opt / best fixed (recall>=0.95) |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for name, sel, g0, g1, res, ratio in fr2:
             cells = [
-                f"{res[s]['p50']:.3f} ({res[s]['recall']:.3f})"
-                for s in ("postfilter", "prefilter", "optimizer")
+                f"{res[s]['p50']:.3f} ({res[s]['recall']:.3f})" if s in res else "-"
+                for s in ("postfilter", "prefilter", "partition", "optimizer")
             ]
-            print(f"| {name} | {g0}->{g1} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
+            print(
+                f"| {name} | {sel:.2%} | {g0}->{g1} | " + " | ".join(cells) + f" | {ratio:.2f}x |"
+            )
         print(
-            f"optimizer during folding: min recall@10 {min(r[3]['optimizer']['recall'] for r in fr2):.3f}, max p50 {max(r[3]['optimizer']['p50'] for r in fr2):.3f} ms"
+            f"optimizer during folding: min recall@10 {min(r[4]['optimizer']['recall'] for r in fr2):.3f}, max p50 {max(r[4]['optimizer']['p50'] for r in fr2):.3f} ms"
         )
 
 

@@ -47,6 +47,8 @@ class CostModel:
     overheads: dict[str, float] = field(default_factory=dict)  # measured fixed ms per strategy
     calibrated_at: float | None = None
     columns: dict[str, list[list[float]]] = field(default_factory=dict)  # column -> [[ef, ms], ...]
+    # learned at run time, not saved: per strategy, actual / modelled cost (retrieval)
+    scale: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     # ---------------------------------------------------------------- unit costs
     def hnsw_ms(self, ef: float, dim: int, column: str | None = None) -> float:
@@ -72,7 +74,9 @@ class CostModel:
     def save(self, path: str = DEFAULT_PATH) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
-            json.dump(dataclasses.asdict(self), f, indent=1)
+            data = dataclasses.asdict(self)
+            data.pop("scale", None)
+            json.dump(data, f, indent=1)
 
     @classmethod
     def load(cls, path: str = DEFAULT_PATH) -> CostModel:

@@ -40,6 +40,7 @@ FORMAT_VERSION = 1
 log = logging.getLogger("indexes.dataset")
 FOLDER_NICE = 5  # niceness added to the background folder thread
 QUERY_ACTIVE_S = 0.05  # a search this recent makes the folder yield (fold_yield_ms holds)
+YIELD_BELOW_ROWS = 8192  # ... unless the growing segment is larger (~0.2 ms scan at 128-d)
 
 
 class Dataset:
@@ -107,7 +108,8 @@ class Dataset:
         self.background_fold = background_fold
         self.max_growing = max_growing
         self.fold_lock_ms = fold_lock_ms
-        # while queries run (one started in the last QUERY_ACTIVE_S) the folder yields: it
+        # while queries run (one started in the last QUERY_ACTIVE_S) and the growing segment
+        # holds at most YIELD_BELOW_ROWS rows, the folder yields: it
         # takes the graph at a moment no search holds it (waiting up to 2 ms for one), for
         # about fold_yield_ms, then rests half as long
         self.fold_yield_ms = fold_yield_ms
@@ -342,7 +344,11 @@ class Dataset:
         """
         done = 0
         held = 0.0
-        busy = time.monotonic() - self.query_at < QUERY_ACTIVE_S
+        # yield to running queries only while the backlog is small: a large one makes every
+        # query scan it exactly, and folding it is what makes them fast again
+        busy = (
+            time.monotonic() - self.query_at < QUERY_ACTIVE_S and self.growing() <= YIELD_BELOW_ROWS
+        )
         target = self.fold_yield_ms if busy else self.fold_lock_ms
         for vi in self.vectors.values():
             if vi.pending() < self._due_at(vi):

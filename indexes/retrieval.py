@@ -70,6 +70,7 @@ class Alternative:
     strategy: str
     cost_ms: float  # from the cost model, including the expected cost of a guard firing
     detail: str = ""
+    base_ms: float = 0.0  # the strategy's own modelled work, before learned scales
 
     def __str__(self) -> str:
         return f"{self.strategy:<10} est {self.cost_ms:8.3f} ms  {self.detail}"
@@ -94,6 +95,8 @@ class RetrievalExplain:
     # (guards off, benchmarks only: the walk could not show it found the top-k)
     guarantee: str = ""
     observed: str | None = None  # per-query pass rate seen in the graph walk
+    walk_ms: float | None = field(default=None, repr=False)  # a failed walk's own time
+    scale: dict[str, float] = field(default_factory=dict)  # learned cost factors applied
     actual_rows: int = 0
     visited: int | None = None
     plan_ms: float = 0.0
@@ -117,7 +120,16 @@ class RetrievalExplain:
                 if sel is not None
                 else "  candidates: ?"
             )
-        out.append("  alternatives:")
+        out.append(
+            "  alternatives:"
+            + (
+                " (x learned cost scale: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in sorted(self.scale.items()))
+                + ")"
+                if self.scale
+                else ""
+            )
+        )
         for a in sorted(self.alternatives, key=lambda a: a.cost_ms):
             mark = "*" if a.strategy == self.chosen else " "
             out.append(f"   {mark} {a}")
@@ -319,7 +331,10 @@ def search(
     plan = _partition_plan(vi, pred)
     alts = _costs(ds, vi, cm, pred, cand, c, n, k, ef, info.feedback_key)
     if plan is not None:
-        alts["partition"] = _partition_cost(vi, cm, plan, cand, c, n, k, ef)
+        a = alts["partition"] = _partition_cost(vi, cm, plan, cand, c, n, k, ef)
+        a.base_ms, a.cost_ms = a.cost_ms, a.cost_ms * cm.scale.get("partition", 1.0)
+    if cm.scale:
+        info.scale = dict(cm.scale)
     info.alternatives = list(alts.values())
     if strategy is not None:
         info.chosen, info.forced = strategy, True
@@ -333,7 +348,34 @@ def search(
                 ds.feedback[info.feedback_key][s] = p * 0.98
     info.actual_rows = len(ids)
     info.elapsed_ms = (time.perf_counter() - t0) * 1e3
+    if info.executed == info.chosen and info.guard is None:
+        _learn_cost(cm, info, alts, info.elapsed_ms - info.plan_ms)
+    elif info.walk_ms is not None:  # a walk that fell short still shows what walks cost
+        _learn_cost(cm, info, alts, info.walk_ms, info.chosen)
     return ids, d, info
+
+
+SCALE_ALPHA = 0.1  # weight of the newest run in a strategy's cost scale
+SCALE_BOUNDS = (0.25, 5.0)
+
+
+def _learn_cost(
+    cm: CostModel,
+    info: RetrievalExplain,
+    alts: Mapping[str, Alternative],
+    ran_ms: float,
+    strategy: str | None = None,
+) -> None:
+    """Keep, per strategy, a moving average of actual run time / modelled cost: unit costs
+    are calibrated on a quiet machine (minimum over repetitions) and a loaded one runs
+    memory-bound gathers several times slower than that, graph walks less so."""
+    a = alts.get(strategy or info.executed)
+    if a is None or a.base_ms <= 0:
+        return
+    old = cm.scale.get(a.strategy, 1.0)
+    ratio = ran_ms / a.base_ms
+    lo, hi = SCALE_BOUNDS
+    cm.scale[a.strategy] = min(hi, max(lo, (1 - SCALE_ALPHA) * old + SCALE_ALPHA * ratio))
 
 
 def _fkey(where: Expr | None) -> str:
@@ -363,52 +405,61 @@ def _costs(
     fkey: str,
 ) -> dict[str, Alternative]:
     dim = vi.dim
+    sc = cm.scale  # learned actual / modelled cost per strategy (see _learn_cost)
     grow = _growing_ms(vi, cm, pred, cand, c, n)
     mat = 0.0 if pred is None or cand is not None else materialize_ms(pred, cm, n)
     out: dict[str, Alternative] = {}
     scan = cm.fixed_ms("exact") + cm.exact_ms(ds.n, dim, True) + mat
-    out["exact"] = Alternative("exact", scan, f"{ds.n} rows contiguous")
+    out["exact"] = Alternative(
+        "exact", scan * sc.get("exact", 1.0), f"{ds.n} rows contiguous", scan
+    )
     dense = _dense(cand, cm)
     pre = cm.fixed_ms("prefilter") + mat + cm.exact_ms(c, dim, dense)
+    pre_s = pre * sc.get("prefilter", 1.0)
     out["prefilter"] = Alternative(
         "prefilter",
-        pre,
+        pre_s,
         f"{c} candidates {'contiguous' if dense else 'gathered'}"
         + (f", build set {mat:.3f} ms" if mat else ""),
+        pre,
     )
     sel = c / n if n else 0.0
     if sel <= 0:
         return out
     kp = k if pred is None else min(KPRIME_CAP, math.ceil(k * OVERSAMPLE / sel) + k)
     efp = max(ef, kp)
-    post = (
+    own = (
         cm.fixed_ms("postfilter")
         + cm.hnsw_ms(efp, dim, vi.column)
         + check_ms(pred, cand, kp, cm, n)
         + grow
     )
+    post = own * sc.get("postfilter", 1.0)
     detail = f"k'={kp} ef={efp}"
     seen = ds.feedback.get(fkey, {}) if pred is not None else {}
     if pred is not None:
         p_fail = 1.0 if kp * sel < k else seen.get("postfilter", 0.0)
-        post += p_fail * pre
+        post += p_fail * pre_s
         detail += f", guard fires {p_fail:.0%} -> + exact"
-    out["postfilter"] = Alternative("postfilter", post, detail)
+    out["postfilter"] = Alternative("postfilter", post, detail, own)
     if pred is not None:
         # a filtered HNSW walk keeps going until it holds ef matches: about the work of an
         # unfiltered search with ef / selectivity, plus one Python callback per visit
+        s_ins = sc.get("insearch", 1.0)
         ef_eff = min(n, ef / max(sel, 1e-9))
         visits = min(n, cm.visits_per_ef * ef_eff)
-        aborted = mat + cm.hnsw_ms(min(c, ef_eff), dim, vi.column) + c * cm.callback_ns * 1e-6 + pre
+        tried = mat + cm.hnsw_ms(min(c, ef_eff), dim, vi.column) + c * cm.callback_ns * 1e-6
+        aborted = tried * s_ins + pre_s
         if visits > c:  # the visit guard aborts and the exact path answers
-            ins = aborted
+            ins, base = aborted, 0.0
             note = f"~{visits:.0f} visits > {c} candidates: guard then exact"
         else:
             p = seen.get("insearch", 0.0)
             walk = mat + cm.hnsw_ms(ef_eff, dim, vi.column) + visits * cm.callback_ns * 1e-6 + grow
-            ins = (1 - p) * walk + p * aborted
+            base = cm.fixed_ms("insearch") + walk
+            ins = (1 - p) * walk * s_ins + p * aborted
             note = f"~{visits:.0f} visits, guard fires {p:.0%}"
-        out["insearch"] = Alternative("insearch", cm.fixed_ms("insearch") + ins, note)
+        out["insearch"] = Alternative("insearch", cm.fixed_ms("insearch") * s_ins + ins, note, base)
     return out
 
 
@@ -570,6 +621,7 @@ def _postfilter(
     sel = c / n
     kp = k if pred is None else min(KPRIME_CAP, math.ceil(k * OVERSAMPLE / max(sel, 1e-9)) + k)
     need = _graph_need(vi, k, cand, c, exact_count, n)
+    t_walk = time.perf_counter()
     labels, dists = vi.knn(q, kp, max(ef, kp))
     walked = len(labels)
     labels, dists = _keep(ds, labels, dists, pred, cand)
@@ -590,6 +642,7 @@ def _postfilter(
             info.observed = f"{info.observed}; wider walk of {walked} kept {len(labels)}"
     if len(labels) < need:
         why = f"post-filter kept {len(labels)} < {need} rows from the graph"
+        info.walk_ms = (time.perf_counter() - t_walk) * 1e3
         if info.guards:
             return _fallback(ds, vi, cm, q, k, pred, cand, info, why)
         info.guarantee = f"unverified: {why}"
@@ -692,6 +745,40 @@ def _rest_kp(rest: Pred | None, k: int, n: int) -> int:
     return min(KPRIME_CAP, math.ceil(k * OVERSAMPLE / max(sel, 1e-9)) + k)
 
 
+def _key_plan(
+    vi: VectorIndex,
+    cm: CostModel,
+    key: Any,
+    rest: Pred | None,
+    cand: BitMap | None,
+    kp: int,
+    ef: int,
+    n: int,
+) -> tuple[str, float]:
+    """How to answer one pinned value, and at what modelled cost: 'walk' its graph, or
+    'exact' on its candidates when that is cheaper (small values, tight other filters);
+    '' when the value holds no rows."""
+    parts = vi.partitions
+    assert parts is not None
+    size = parts.size(key)
+    if not size:
+        return "", 0.0
+    # a walk's cost grows with the graph's depth: the main graph's figure at ef 16
+    # (mostly the call's fixed price) plus the rest of its cost, scaled
+    shrink = max(0.3, math.log2(size + 2) / math.log2(max(vi.in_graph, 2) + 2))
+    base = cm.hnsw_ms(16, vi.dim, vi.column)
+    walk = base + (cm.hnsw_ms(max(ef, kp), vi.dim, vi.column) - base) * shrink
+    sel = 1.0 if rest is None else rest.estimate().rows / max(n, 1)
+    exact = size * cm.bitmap_ns_per_row * 1e-6 + cm.exact_ms(int(size * sel), vi.dim, False)
+    if rest is not None:
+        walk += check_ms(rest, cand, kp, cm, n)
+        if cand is None:
+            exact += size * cm.test_ns_per_row * 1e-6
+    if kp >= size or exact < walk:
+        return "exact", exact
+    return "walk", walk
+
+
 def _partition_cost(
     vi: VectorIndex,
     cm: CostModel,
@@ -708,16 +795,11 @@ def _partition_cost(
     kp = _rest_kp(rest, k, n)
     walk = 0.0
     walked = 0
-    big = math.log2(max(vi.in_graph, 2) + 2)
     for key in keys:
-        size = parts.size(key)
-        if size:
-            walked += 1
-            # a walk's cost grows with the graph's depth: scale the main graph's figure
-            shrink = max(0.3, math.log2(size + 2) / big)
-            walk += 0.01 + cm.hnsw_ms(max(ef, kp), vi.dim, vi.column) * shrink
-            if rest is not None:
-                walk += check_ms(rest, cand, kp, cm, n)
+        how, ms = _key_plan(vi, cm, key, rest, cand, kp, ef, n)
+        if how:
+            walked += how == "walk"
+            walk += ms
     tail = vi.n - parts.done
     if tail > 0:  # rows not yet in a per-value graph: exact on their candidates
         hits = (
@@ -729,7 +811,7 @@ def _partition_cost(
     return Alternative(
         "partition",
         cm.fixed_ms("partition") + walk,
-        f"{walked} per-value graph(s) of {parts.column}, k'={kp}"
+        f"{walked} walk(s) of {len(keys)} per-value graph(s) of {parts.column}, k'={kp}"
         + (f", {tail} rows not in them" if tail > 0 else ""),
     )
 
@@ -758,12 +840,28 @@ def _partition(
     lo = parts.done
     kp = _rest_kp(rest, k, n)
     got: list[tuple[np.ndarray, np.ndarray]] = []
-    exact_keys, unverified = 0, []
+    exact_keys, walks, unverified = 0, 0, []
+    below = BitMap()
+    below.add_range(0, lo)
+
+    def exact_key(key: Any) -> tuple[np.ndarray, np.ndarray]:
+        kb = parts.bt.rows([Range.point(key)])
+        if cand is not None:
+            kb &= cand
+        elif rest is not None:
+            kb = rest.evaluate(kb & ds.live)
+        return exact_on(vi, q, array_of(kb & below), k, cm)  # the tail comes below
+
     for key in keys:
-        size = parts.size(key)
-        if not size:
+        how, _ = _key_plan(vi, cm, key, rest, cand, kp, ef, n)
+        if not how:
             continue
+        if how == "exact":
+            got.append(exact_key(key))
+            continue
+        size = parts.size(key)
         labels, dists = parts.knn(key, q, kp, max(ef, kp))
+        walks += 1
         walked = len(labels)
         if rest is None:
             need = min(k, size)
@@ -781,14 +879,8 @@ def _partition(
         if len(labels) < need:
             if not info.guards:
                 unverified.append(f"{key!r} kept {len(labels)} < {need}")
-            else:  # exact on this value's candidates below ``lo`` (the tail comes below)
-                kb = parts.bt.rows([Range.point(key)])
-                kb = (
-                    kb & cand if cand is not None else (rest.evaluate(kb & ds.live) if rest else kb)
-                )
-                below = BitMap()
-                below.add_range(0, lo)
-                labels, dists = exact_on(vi, q, array_of(kb & below), k, cm)
+            else:  # exact on this value's candidates below ``lo``
+                labels, dists = exact_key(key)
                 exact_keys += 1
         got.append((labels, dists))
     if lo < vi.n:  # rows not yet in a per-value graph
@@ -800,7 +892,13 @@ def _partition(
         info.guard = (
             f"{exact_keys} of {len(keys)} value walk(s) fell short: exact on their candidates"
         )
-    info.guarantee = f"unverified: {'; '.join(unverified)}" if unverified else "graph"
+    info.guarantee = (
+        f"unverified: {'; '.join(unverified)}"
+        if unverified
+        else "graph"
+        if walks > exact_keys
+        else "exact"
+    )
     if not got:
         return np.empty(0, np.int64), np.empty(0, np.float32)
     ids = np.concatenate([g[0] for g in got])

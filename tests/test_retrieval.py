@@ -566,12 +566,27 @@ def test_per_value_graphs_follow_deletes_upserts_and_reload(tmp_path):
     ds.upsert(anti_table(moved, np.full(len(moved), 77), x[moved], rnd[moved]))
     ds.flush()
     mask = alive & np.isin(lab, [77, 78])
+    for gather_ns in (None, 50.0):  # per-value exact (small values), then forced walks
+        ds.cost_model = None if gather_ns is None else CostModel(gather_ns_per_dim=gather_ns)
+        for q in qs:
+            res, info = ds.search("v", q, K, where, {}, strategy="partition", columns=["id"])
+            assert info.executed == "partition", str(info)
+            assert info.guarantee == ("exact" if gather_ns is None else "graph"), str(info)
+            got = res.column("id").to_pylist()
+            assert not set(got) & set(gone)
+            assert len(np.intersect1d(got, brute(x, mask, q))) >= 0.9 * K, str(info)
+            if info.guarantee == "exact":
+                assert got == brute(x, mask, q).tolist()
+    # walks that post-filter another conjunct inside each value's graph
+    ds.cost_model = CostModel(gather_ns_per_dim=50.0)
+    both = Binary("and", lt("rnd", 0.5), where)
     for q in qs:
-        res, info = ds.search("v", q, K, where, {}, strategy="partition", columns=["id"])
-        assert info.executed == "partition" and info.guarantee == "graph", str(info)
+        res, info = ds.search("v", q, K, both, {}, strategy="partition", columns=["id"])
+        assert info.executed == "partition" and info.guarantee in ("graph", "exact"), str(info)
+        exp = brute(x, mask & (rnd < 0.5), q)
         got = res.column("id").to_pylist()
-        assert not set(got) & set(gone)
-        assert len(np.intersect1d(got, brute(x, mask, q))) >= 0.9 * K, str(info)
+        assert len(np.intersect1d(got, exp)) >= 0.9 * K, str(info)
+    ds.cost_model = None
     ds.save(str(tmp_path / "parts"))
     back = Dataset.load(str(tmp_path / "parts"))
     try:
