@@ -77,6 +77,27 @@ def test_tpch_query_equals_duckdb(tpch, name, seed):
     assert verdict == "ok", f"{name} {params}: {verdict}: {why}"
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n, marks=[pytest.mark.xfail(reason=XFAIL[n], strict=False)] if n in XFAIL else []
+        )
+        for n in H.all_queries()
+    ],
+)
+def test_tpch_explain_analyze_runs_the_same_query(tpch, name):
+    """explain(analyze=True) runs the plan again with counting: same answer, and every
+    operator annotated (it used to crash on join plans with literals: Q3, Q5, Q10, Q14)."""
+    _data, fab, ref, vocab = tpch
+    q = QUERIES[name]
+    params = q.params(SF, None, vocab)
+    compiled = H.compile_binding(fab, name)
+    res = H.run_binding(fab, compiled, H.session_values(name, params), analyze=True)
+    assert H.compare(H.run_reference(ref, q, params), res.table, q.order)[0] == "ok"
+    assert res.explain and "rows=" in res.explain, res.explain
+
+
 def test_every_query_has_a_binding_and_reference():
     assert sorted(QUERIES) == [f"q{i:02d}" for i in range(1, 23)]
     for name in QUERIES:
