@@ -233,6 +233,8 @@ class DatasetManager:
             return f"{exc}"
         if topic in topics:
             return None
+        from fabric.catalog import nearest
+
         return f"{self.decls[name].from_uri} does not exist; {nearest(topic, topics, 'topics')}"
 
     def broker_lag(self, name: str) -> dict[str, Any]:
@@ -757,19 +759,6 @@ def _mongo_value(v: Any) -> Any:
     if type(v).__name__ == "ObjectId":
         return str(v)
     return v
-
-
-def nearest(word: str, choices: Iterable[str], what: str) -> str:
-    """'nearest existing <what>: a, b, c (N in all)': the closest few names, not all."""
-    import difflib
-
-    names = sorted(set(choices))
-    close = difflib.get_close_matches(word, names, n=3, cutoff=0.5)
-    if not names:
-        return f"there are no {what}"
-    if not close:
-        close = names[:3]
-    return f"nearest existing {what}: {', '.join(close)} ({len(names)} in all)"
 
 
 def bindings_from_specs(

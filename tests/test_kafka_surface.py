@@ -394,3 +394,36 @@ def test_query_fails_within_the_kafka_connections_timeout_when_the_broker_dies(t
     assert "timed out after" not in msg, msg  # not the executor's budget
     # a freshness probe and the scan, each bounded by the connection's timeout
     assert took < 3 * timeout + 2 < DEFAULT_TIMEOUT, took
+
+
+def test_validate_names_only_the_nearest_topics_of_a_busy_broker(
+    tmp_path, kafka_bootstrap, new_topic
+):
+    """A binding reading a mistyped topic: the hint names the closest few topics and how
+    many there are, not every topic of a shared broker."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = new_topic()
+    for _ in range(13):  # a busy broker, whatever else is on the shared one
+        new_topic(prefix="pad")
+    cfg = write_fabric(
+        tmp_path,
+        f'bus: {{kind: kafka, bootstrap: "{kafka_bootstrap}", timeout: 5}}',
+        bindings=f"""
+        binding: typo
+        sources:
+          t: {{from: "kafka://bus/{topic}x"}}
+        select: [t.id]
+        """,
+    )
+    with fabric.open(cfg, ingest=False, watch=False) as fab:
+        diags = fab.validate()
+    assert len(diags) == 1, diags
+    d = diags[0]
+    assert f"kafka://bus/{topic}x does not exist" in d.message
+    topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    assert f"did you mean '{topic}'" in (d.hint or ""), d.hint
+    assert len([t for t in topics if not t.startswith("__")]) > 12
+    assert "nearest existing topics" in d.hint and "in all)" in d.hint, d.hint
+    assert d.hint.count(",") <= 2, d.hint  # three names, not all of them
+    assert d.span.file.endswith("b.yaml") and d.span.line == 4, d.span
