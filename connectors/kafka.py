@@ -514,7 +514,9 @@ class KafkaSource(Source):
             )
         params = typed_params(request.filters, request.params, self._schema, self.uri)
         pred = and_all(list(request.filters))
-        expr = to_arrow(pred, params, now=utcnow()) if pred is not None else None
+        expr = (
+            to_arrow(pred, params, now=utcnow(), schema=self._schema) if pred is not None else None
+        )
         timeout = self.conn.request_timeout(request.timeout)
         tail = self.conn.tail(self.topic, self._schema)
         if tail is None:
@@ -893,6 +895,8 @@ class KafkaConnection(Connection):
         }
         cfg.update(self.options.get("security") or {})  # e.g. security.protocol, sasl.*
         cfg.update(self.options.get("config") or {})
+        if role and "logger" in role and "log_level" not in (self.options.get("config") or {}):
+            cfg["log_level"] = 6  # a client with a Python logger gets librdkafka's default
         cfg.update(role or {})
         return cfg
 
