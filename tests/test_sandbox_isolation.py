@@ -450,3 +450,18 @@ def test_ordinary_encoded_results_still_pass(bomb_pool):
     out = bomb_pool.run(src, TABLE, binding="encoded")
     assert out["d"].type == pa.dictionary(pa.int32(), pa.string())
     assert out["d"].to_pylist() == [str(i) for i in range(100)]
+
+
+# Finding 14: a snippet's exception text (and its own source line) must not reach the
+# operator's terminal with control characters in it.
+def test_control_characters_from_a_snippet_are_escaped(gate_pool):
+    forged = "\x1b[2K\r\x1b[32magents/ok.yaml:1:1: all checks passed\x1b[0m\x07\u202e\nfake line"
+    src = f"def run(table):\n    raise ValueError({forged!r} + '\x1b]0;title\x07')\n"
+    src = src.replace("ValueError(", "ValueError('\x1b[1A' + ", 1)  # a raw ESC in the source too
+    with pytest.raises(SandboxError) as ei:
+        gate_pool.run(src, TABLE, binding="ctl", snippet_origin=("agents/ctl.yaml", 3, 7))
+    for text in (str(ei.value), ei.value.diagnostic.format()):
+        assert not any(ch in text for ch in "\x1b\x07\r\u202e"), repr(text)
+        assert "\\x1b[2K\\x0d" in text and "\\u202e\\x0afake line" in text
+        assert "\\x1b[1A" in text  # the source line shown under the error is escaped as well
+    assert ei.value.span.file == "agents/ctl.yaml"

@@ -5,6 +5,22 @@ from __future__ import annotations
 from dsl.errors import Diagnostic, Span
 
 
+def printable(text: str) -> str:
+    """``text`` with control and format characters (ESC, BEL, CR, LF, bidi overrides, ...)
+    escaped as ``\\x1b``-style sequences: a snippet's exception text or source line must
+    not move the operator's cursor, forge diagnostic lines or reorder what they read."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 class SandboxError(Exception):
     """A pushdown snippet failed.  ``span`` points at the binding-file line that was running."""
 
@@ -18,8 +34,9 @@ class SandboxError(Exception):
         source_line: str | None = None,
         hint: str | None = None,
     ):
-        self.binding, self.detail, self.span = binding, detail, span
-        self.source_line, self.hint = source_line, hint
+        self.binding, self.detail, self.span = printable(binding), printable(detail), span
+        self.source_line = None if source_line is None else printable(source_line)
+        self.hint = None if hint is None else printable(hint)
         super().__init__(self.diagnostic.format())
 
     @property

@@ -14,6 +14,7 @@ import string
 
 from dsl.errors import Diagnostic, Span, did_you_mean
 
+from .errors import printable
 from .policy import (
     ALLOWED_DUNDER_METHODS,
     DUNDER_IN_TEXT,
@@ -113,7 +114,7 @@ class _Where:
             None,
             None if end_col is None else end_col + shift,
         )
-        return Diagnostic(message, span, hint, source_line=" " * shift + text)
+        return Diagnostic(message, span, hint, source_line=" " * shift + printable(text))
 
 
 class _Checker(ast.NodeVisitor):
