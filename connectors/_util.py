@@ -11,6 +11,7 @@ object such as ``{"$ne": null}`` is only ever a plain value.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import json
 import re
 from collections.abc import Container, Iterator, Mapping
@@ -122,8 +123,8 @@ def coerce_for(t: pa.DataType, v: Any, what: str) -> Any:
             return coerce_for(t, v.item(), what)
         raise BadValueError(f"{what}: expected an int, got {type(v).__name__} {v!r}")
     if pa.types.is_floating(t) or pa.types.is_decimal(t):
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return v
+        if isinstance(v, int | float | decimal.Decimal) and not isinstance(v, bool):
+            return v  # a decimal session value (or a stage's decimal result) stays exact
         if hasattr(v, "item") and not isinstance(v, dict | list):
             return coerce_for(t, v.item(), what)
         raise BadValueError(f"{what}: expected a number, got {type(v).__name__} {v!r}")

@@ -56,7 +56,13 @@ def _literal(kind: str) -> st.SearchStrategy[str]:
     if kind == "str":
         return st.text("abcxyz _%'", max_size=6).map(lambda s: "'" + s.replace("'", "''") + "'")
     return st.sampled_from(
-        ["now()", "now() - interval '5 minutes'", "timestamp '2024-05-01T09:30:00Z'"]
+        [
+            "now()",
+            "now() - interval '5 minutes'",
+            "timestamp '2024-05-01T09:30:00Z'",
+            "now() - interval '1 year 2 months'",
+            "cast(date '2024-01-31' + interval '1 month' as timestamp)",
+        ]
     )
 
 
@@ -66,9 +72,9 @@ def predicate(draw, alias: str, qualify: bool) -> str:
     col = draw(st.sampled_from(sorted(cols)))
     kind = cols[col]
     ref = f"{alias}.{col}" if qualify else col
-    forms = ["cmp", "isnull"]
+    forms = ["cmp", "isnull", "case"]
     if kind in ("int", "float", "str"):
-        forms += ["in", "between"]
+        forms += ["in", "between", "cast"]
     if kind == "str":
         forms.append("like")
     form = draw(st.sampled_from(forms))
@@ -83,6 +89,13 @@ def predicate(draw, alias: str, qualify: bool) -> str:
         out = f"{ref} {draw(st.sampled_from(['in', 'not in']))} ({', '.join(items)})"
     elif form == "between":
         out = f"{ref} between {draw(lit)} and {draw(lit)}"
+    elif form == "case":
+        op = draw(st.sampled_from(["=", "<", ">="]))
+        out = f"case when {ref} {op} {draw(lit)} then {draw(st.sampled_from(['true', 'false']))} else {ref} is null end"
+    elif form == "cast":
+        out = (
+            f"cast({ref} as str) {draw(st.sampled_from(['=', '!=', '<']))} {draw(_literal('str'))}"
+        )
     else:
         out = f"{ref} {draw(st.sampled_from(['like', 'not like', 'ilike']))} {draw(lit)}"
     if draw(st.booleans()) and draw(st.booleans()):
@@ -112,10 +125,14 @@ def binding(draw) -> dict:
             derive.append(("d_" + a, f"{num} * 2 + 1"))
         sources.append((a, where, derive))
     aggregate = draw(st.booleans()) and n >= 1
+    having = []
     if aggregate:
         key = draw(st.sampled_from(["m.category", "m.status"]))
         select = [key, "count(*) as n", "sum(m.rating) as total"]
         group_by = [key]
+        having = draw(
+            st.lists(st.sampled_from(["n > 2", "max(m.rating) < 4.5", "total >= 10"]), max_size=2)
+        )
         order = draw(st.sampled_from(["n desc", "total asc nulls last", f"{key}"]))
         order_by = [order]
     else:
@@ -131,7 +148,15 @@ def binding(draw) -> dict:
         ]
     limit = draw(st.one_of(st.none(), st.integers(0, 100)))
     session = draw(st.booleans())
+    # a stage, used in exists (correlated) or as a one-row value
+    stage = draw(st.sampled_from([None, "exists", "value"]))
+    if stage == "exists":
+        sources[0][1].append("exists(big where big.merchant_id = m.id and big.amount > 10)")
+    elif stage == "value":
+        sources[0][1].append("rating > avg_amount.a")
     return dict(
+        stage=stage,
+        having=having,
         sources=sources,
         select=select,
         group_by=group_by,
@@ -141,10 +166,29 @@ def binding(draw) -> dict:
     )
 
 
+STAGES = {
+    "exists": (
+        "big",
+        "mysql://shop/orders",
+        "o9",
+        "amount > 5",
+        "o9.merchant_id, o9.amount",
+        None,
+    ),
+    "value": ("avg_amount", "mysql://shop/orders", "o9", None, "avg(o9.amount) as a", None),
+}
+
+
 def _yaml(b: dict) -> str:
     out = ["binding: generated"]
     if b["session"]:
         out += ["session:", "  uid: int"]
+    if b["stage"]:
+        name, uri, alias, where, select, _ = STAGES[b["stage"]]
+        out += ["stages:", f"  {name}:", "    sources:", f"      {alias}:", f"        from: {uri}"]
+        if where:
+            out.append(f"        where: {_quote(where)}")
+        out.append(f"    select: {_quote(select)}")
     out.append("sources:")
     for i, (a, where, derive) in enumerate(b["sources"]):
         uri, join, _ = SOURCES[a]
@@ -164,6 +208,8 @@ def _yaml(b: dict) -> str:
     out += [f"  - {_quote(s)}" for s in b["select"]]
     if b["group_by"]:
         out.append(f"group_by: [{', '.join(b['group_by'])}]")
+    if b["having"]:
+        out.append("having: " + _quote(" and ".join(f"({h})" for h in b["having"])))
     if b["order_by"]:
         out.append("order_by:")
         out += [f"  - {_quote(s)}" for s in b["order_by"]]
@@ -180,6 +226,10 @@ def _text(b: dict) -> str:
     out = ["binding generated"]
     if b["session"]:
         out.append("session uid: int")
+    if b["stage"]:
+        name, uri, alias, where, select, _ = STAGES[b["stage"]]
+        w = f" where {where}" if where else ""
+        out.append(f"with {name} as (from {uri} as {alias}{w} select {select})")
     for i, (a, where, derive) in enumerate(b["sources"]):
         uri, join, _ = SOURCES[a]
         out.append(f"from {uri} as {a}" if i == 0 else f"join {uri} as {a} on {join}")
@@ -192,6 +242,8 @@ def _text(b: dict) -> str:
     out.append("select " + ", ".join(b["select"]))
     if b["group_by"]:
         out.append("group by " + ", ".join(b["group_by"]))
+    if b["having"]:
+        out.append("having " + " and ".join(f"({h})" for h in b["having"]))
     if b["order_by"]:
         out.append("order by " + ", ".join(b["order_by"]))
     if b["limit"] is not None:
@@ -224,6 +276,18 @@ def test_canonical_expression_text_round_trips(b: dict) -> None:
 # ------------------------------------------------------------------ fuzz
 
 TOKENS = [
+    "with",
+    "having",
+    "exists",
+    "case",
+    "when",
+    "then",
+    "else",
+    "end",
+    "cast",
+    "stage://x",
+    "date '2024-01-01'",
+    "interval '1 month'",
     "from",
     "join",
     "where",

@@ -490,3 +490,69 @@ select: [n.id]
     dist = ((vecs - vecs[17]) ** 2).sum(axis=1)
     want = [int(i) for i in np.argsort(np.where(symbols == "NVDA", dist, np.inf))[:5]]
     assert got.column("id").to_pylist() == want
+
+
+def test_decimal_and_interval_session_values(cat, ref, mariadb_url: str) -> None:
+    """``decimal(p,s)`` and ``interval`` session values: coerced when bound, compared
+    exactly, pushed to MariaDB as bound values, and equal to DuckDB."""
+    import datetime as dt
+    import decimal
+
+    import sqlalchemy as sa
+
+    from connectors.sql import SqlConnection
+    from dsl.types import bind_session
+    from fabric.execute.local import LocalCatalog
+
+    spec = load_text(
+        """
+binding: recent_big
+session: {min: "decimal(10,2)", window: interval}
+sources:
+  o:
+    from: mysql://db/sales
+    where: ["amount >= {{session.min}}", "sold_at > timestamp '2024-06-01T00:00:00Z' - {{session.window}}"]
+select: [o.id]
+order_by: o.id
+"""
+    )[0]
+    values = bind_session(spec.session_types, {"min": "10.25", "window": "3 days"})
+    assert values == {"min": decimal.Decimal("10.25"), "window": dt.timedelta(days=3)}
+    t0 = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
+    data = pa.table(
+        {
+            "id": pa.array(range(8), pa.int64()),
+            "amount": pa.array(
+                [decimal.Decimal(x) for x in ("10.24", "10.25", "10.26", "99.00")] * 2,
+                pa.decimal128(10, 2),
+            ),
+            "sold_at": pa.array(
+                [t0 - dt.timedelta(days=d) for d in (1, 2, 3, 4, 5, 1, 2, 10)],
+                pa.timestamp("us", "UTC"),
+            ),
+        }
+    )
+    eng = sa.create_engine(mariadb_url)
+    with eng.begin() as c:
+        c.execute(
+            sa.text(
+                "CREATE TABLE sales (id BIGINT PRIMARY KEY, amount DECIMAL(10,2), sold_at DATETIME(6))"
+            )
+        )
+        for r in data.to_pylist():
+            c.execute(
+                sa.text("INSERT INTO sales VALUES (:id, :amount, :sold_at)"),
+                {**r, "sold_at": r["sold_at"].replace(tzinfo=None)},
+            )
+    eng.dispose()
+    maria = LocalCatalog({"db": SqlConnection("db", {"kind": "mysql", "url": mariadb_url})})
+    plan = optimize(build(spec, maria), maria)
+    got = execute(plan, values, maria, binding="recent_big").table
+    con = duckdb.connect()
+    con.register("sales", data)
+    want = con.execute(
+        "SELECT id FROM sales WHERE amount >= ? AND sold_at > TIMESTAMPTZ '2024-06-01 00:00:00+00' - ? ORDER BY id",
+        [decimal.Decimal("10.25"), dt.timedelta(days=3)],
+    ).fetchall()
+    assert [r[0] for r in rows(got)] == [r[0] for r in want] == [1, 5, 6]
+    assert len(plan.scans()[0].exact) == 2  # both pushed

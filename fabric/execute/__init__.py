@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors._util import BadValueError
 from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
 from connectors.base import ScanRequest, SourceError
 from dsl.ast import Binary, Call, Column, Expr, InList, Param, conjuncts, unqualify
@@ -494,6 +495,8 @@ class _Run:
             return self._partial(alias, str(e))
         msg = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
         hint = getattr(e, "hint", None)
+        if hint is None and isinstance(e, BadValueError):
+            hint = "pass a session value of the column's type (see the binding's session:)"
         if hint is None and isinstance(e, NotTranslatable | TypeError):
             # not the server: the source accepted a filter at planning it cannot apply now
             filters = "; ".join(self.shape.text.get(alias, {}).get("exact", []))
