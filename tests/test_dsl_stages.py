@@ -556,3 +556,26 @@ order_by: o.id
     ).fetchall()
     assert [r[0] for r in rows(got)] == [r[0] for r in want] == [1, 5, 6]
     assert len(plan.scans()[0].exact) == 2  # both pushed
+
+
+def test_exists_in_having_correlated_on_a_group_key(cat, ref) -> None:
+    binding = """
+binding: skus_with_big_orders
+stages:
+  big:
+    sources:
+      o2: {from: memory://t/orders, where: amount > 195}
+    select: [o2.sku]
+sources:
+  o: {from: memory://t/orders}
+select: [o.sku, count(*) as n]
+group_by: [o.sku]
+having: exists(big where big.sku = o.sku) and count(*) > 20
+"""
+    _, got = run(cat, binding)
+    want = ref.execute(
+        """SELECT o.sku, count(*) FROM orders o GROUP BY o.sku
+           HAVING EXISTS (SELECT 1 FROM orders o2 WHERE o2.amount > 195 AND o2.sku = o.sku)
+           AND count(*) > 20"""
+    ).fetchall()
+    same(rows(got), want)

@@ -933,6 +933,8 @@ class _Builder:
             hit = key_map.get(x, agg_map.get(x))
             if hit is not None:
                 return hit
+            if isinstance(x, A.Column) and x.source in self.stages:
+                return x  # a stage's column inside exists(...): not the aggregate's input
             if isinstance(x, A.Column):
                 raise DslError.at(
                     f"column '{x.qualified}' must appear in group_by or inside an aggregate",
