@@ -78,7 +78,36 @@ def eval_constant(e: Expr, params: Mapping[str, Any], now: dt.datetime | None = 
     if isinstance(e, Binary) and e.op in _ARITH:
         a, b = eval_constant(e.left, params, now), eval_constant(e.right, params, now)
         return arith(e.op, a, b)
+    if isinstance(e, Binary) and e.op == "||":  # '%' || {{session.word}} || '%'
+        a, b = eval_constant(e.left, params, now), eval_constant(e.right, params, now)
+        return None if a is None or b is None else f"{a}{b}"
+    if isinstance(e, Call):
+        return _constant_call(e, params, now)
     raise NotTranslatable(f"cannot evaluate {e} as a constant")
+
+
+_ONE_ROW = pa.table({"__one": [0]})
+
+
+def _constant_call(e: Call, params: Mapping[str, Any], now: dt.datetime | None) -> Any:
+    """A function of constants (``lower({{session.q}})``, ``date_trunc('month', now())``),
+    computed once by its registered pyarrow form."""
+    from fabric.functions import REGISTRY
+
+    f = REGISTRY.get(e.name)
+    if f is None or f.arrow is None or f.aggregate:
+        raise NotTranslatable(f"cannot evaluate {e} as a constant")
+    import pyarrow.dataset as pads
+
+    expr = f.arrow(
+        e,
+        lambda a: pc.scalar(scalar(eval_constant(a, params, now))),
+        lambda a: eval_constant(a, params, now),
+    )
+    try:
+        return pads.dataset(_ONE_ROW).to_table(columns={"v": expr}).column(0)[0].as_py()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        raise NotTranslatable(f"cannot evaluate {e} as a constant: {err}") from None
 
 
 def arith(op: str, a: Any, b: Any) -> Any:
@@ -151,9 +180,94 @@ def to_arrow(
     *,
     column: ColumnResolver | None = None,
     now: dt.datetime | None = None,
+    schema: pa.Schema | None = None,
 ) -> pc.Expression:
-    """A ``pyarrow.compute.Expression`` for ``e``; raises NotTranslatable."""
+    """A ``pyarrow.compute.Expression`` for ``e``; raises NotTranslatable.
+
+    ``schema`` (the types of the columns) lets comparisons between a DECIMAL and a float
+    be made as SQL makes them, in floats: pyarrow casts the float to the decimal's type
+    instead (``decimal(15, 2) -4.77 = -4.77`` is false there). Without it, a comparison
+    with a decimal or float constant is made in floats (exact for up to 15 digits)."""
     col = column or (lambda c: pc.field(*c.name.split(".")) if "." in c.name else pc.field(c.name))
+
+    def kind(x: Expr) -> str | None:
+        """'float', 'decimal', 'int' or None (not a number, or not known)."""
+        if is_constant(x):
+            try:
+                v = eval_constant(x, params, now)
+            except (NotTranslatable, KeyError, TypeError):
+                return None
+            if isinstance(v, bool):
+                return None
+            return (
+                "decimal"
+                if isinstance(v, decimal.Decimal)
+                else "float"
+                if isinstance(v, float)
+                else "int"
+                if isinstance(v, int)
+                else None
+            )
+        if isinstance(x, Column):
+            if schema is None:
+                return None
+            name = x.name
+            if name not in schema.names:
+                return None
+            t = schema.field(name).type
+            if pa.types.is_floating(t):
+                return "float"
+            if pa.types.is_decimal(t):
+                return "decimal"
+            return "int" if pa.types.is_integer(t) else None
+        if isinstance(x, Binary) and x.op in _ARITH:
+            if x.op == "/":
+                return "float"
+            ks = {kind(x.left), kind(x.right)}
+            if None in ks:
+                return None
+            return "float" if "float" in ks else "decimal" if "decimal" in ks else "int"
+        if isinstance(x, Unary) and x.op == "-":
+            return kind(x.operand)
+        if isinstance(x, Call) and x.name in ("abs", "round", "coalesce") and x.args:
+            return kind(x.args[0])
+        if isinstance(x, Call) and x.name in ("floor", "ceil") and x.args:
+            k = kind(x.args[0])
+            return "float" if k == "int" else k
+        if isinstance(x, Call) and x.name in ("length", "date_part", "extract"):
+            return "int"
+        return None
+
+    def const_as(x: Expr, want: str) -> Any:
+        v = eval_constant(x, params, now)
+        if v is None:
+            return pc.scalar(None)
+        if want == "float":
+            return pc.scalar(float(v))
+        return pc.scalar(scalar(decimal.Decimal(repr(v)) if isinstance(v, float) else v))
+
+    def pair(a: Expr, b: Expr) -> tuple[Any, Any]:
+        """Comparison operands as SQL compares a DECIMAL with a float. pyarrow would cast
+        the float to the decimal's type, and its decimal-to-float cast is not correctly
+        rounded (-4.77 becomes -4.7700000000000005), so: a float constant next to a
+        decimal becomes a decimal of its shortest digits; a decimal constant next to a
+        float, a float; two expressions meet in floats through the decimal's text."""
+        ka, kb = kind(a), kind(b)
+        if {ka, kb} == {"decimal", "float"}:
+            dec, flt = (a, b) if ka == "decimal" else (b, a)
+            if is_constant(flt):
+                out = {id(dec): go(dec), id(flt): const_as(flt, "decimal")}
+            elif is_constant(dec):
+                out = {id(dec): const_as(dec, "float"), id(flt): go(flt)}
+            else:
+                out = {id(dec): _decimal_to_float(go(dec)), id(flt): go(flt)}
+            return out[id(a)], out[id(b)]
+        if schema is None:  # types unknown: a decimal or float constant meets in floats
+            for c, o, kc, ko in ((a, b, ka, kb), (b, a, kb, ka)):
+                if is_constant(c) and kc in ("decimal", "float") and ko is None:
+                    ea, eo = const_as(c, "float"), _decimal_to_float(go(o))
+                    return (ea, eo) if c is a else (eo, ea)
+        return go(a), go(b)
 
     def go(x: Expr) -> Any:
         if is_constant(x):
@@ -166,7 +280,7 @@ def to_arrow(
             if x.op == "or":
                 return go(x.left) | go(x.right)
             if x.op in _CMP:
-                return getattr(pc, _CMP[x.op])(go(x.left), go(x.right))
+                return getattr(pc, _CMP[x.op])(*pair(x.left, x.right))
             if x.op == "/":  # as DuckDB: a float division (7 / 2 is 3.5; 1 / 0 is inf)
                 return pc.divide(go(x.left).cast(pa.float64()), go(x.right).cast(pa.float64()))
             if x.op in _ARITH:
@@ -187,6 +301,21 @@ def to_arrow(
                 values = [eval_constant(i, params, now) for i in x.items]
             target = go(x.expr)
             nonnull = [_scalar(v) for v in values if v is not None]
+            kt = kind(x.expr)
+            has_dec = any(isinstance(v, decimal.Decimal) for v in nonnull)
+            has_flt = any(isinstance(v, float) for v in nonnull)
+            if kt == "float" or (kt is None and schema is None and (has_dec or has_flt)):
+                if kt is None:
+                    target = _decimal_to_float(target)
+                nonnull = [float(v) if isinstance(v, decimal.Decimal) else v for v in nonnull]
+            elif kt == "decimal" and all(
+                isinstance(v, int | float | decimal.Decimal) and not isinstance(v, bool)
+                for v in nonnull
+            ):
+                nonnull = [
+                    decimal.Decimal(repr(v)) if isinstance(v, float) else decimal.Decimal(v)
+                    for v in nonnull
+                ]
             if not values:
                 r = pc.scalar(False)
                 return ~r if x.negated else r
@@ -196,7 +325,8 @@ def to_arrow(
             r = pc.if_else(unknown, pa.scalar(None, pa.bool_()), r)
             return ~r if x.negated else r
         if isinstance(x, Between):
-            r = (go(x.expr) >= go(x.low)) & (go(x.expr) <= go(x.high))
+            lo, hi = pair(x.expr, x.low), pair(x.expr, x.high)
+            r = (lo[0] >= lo[1]) & (hi[0] <= hi[1])
             return ~r if x.negated else r
         if isinstance(x, Like):
             if not is_constant(x.pattern):
@@ -209,6 +339,12 @@ def to_arrow(
         raise NotTranslatable(f"cannot apply {x} with pyarrow")
 
     return go(e)
+
+
+def _decimal_to_float(e: Any) -> Any:
+    """A decimal (or any number) expression as float64, correctly rounded: through its
+    text, since pyarrow's decimal-to-float cast is not (-4.77 -> -4.7700000000000005)."""
+    return e.cast(pa.string()).cast(pa.float64())
 
 
 def _call(
@@ -256,4 +392,4 @@ def filter_table(
     """Apply a (residual) predicate to an Arrow table; null counts as false (SQL semantics)."""
     if predicate is None or table.num_rows == 0:
         return table
-    return table.filter(to_arrow(predicate, params, now=now))
+    return table.filter(to_arrow(predicate, params, now=now, schema=table.schema))

@@ -102,7 +102,7 @@ def arrow_filter_ok(expr: Expr, schema: pa.Schema) -> bool:
     ):
         return False
     try:
-        e = to_arrow(expr, probe_params(expr, schema), now=utcnow())
+        e = to_arrow(expr, probe_params(expr, schema), now=utcnow(), schema=schema)
         schema.empty_table().filter(e)
         return True
     except (NotTranslatable, KeyError, TypeError, ValueError, pa.ArrowException):
@@ -320,7 +320,7 @@ class S3Source(Source):
         # pyarrow would compare them with the raw column. They run on the scanned batches.
         post = [f for f in request.filters if {c.name for c in f.columns()} & self._naive_ts]
         pred = and_all([f for f in request.filters if f not in post])
-        expr = to_arrow(pred, params, now=utcnow()) if pred is not None else None
+        expr = to_arrow(pred, params, now=utcnow(), schema=schema) if pred is not None else None
         read = list(dict.fromkeys([*cols, *sorted(c.name for f in post for c in f.columns())]))
         stats = {
             "files_total": len(self._files),

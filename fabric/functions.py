@@ -905,7 +905,9 @@ def evaluate(
         ext, rewritten = _substitute(e, table, params, resolve, now)
         if isinstance(rewritten, Column):
             return ext.column(rewritten.name)
-        expr = _ax.to_arrow(rewritten, params, column=lambda c: pc.field(c.name), now=now)
+        expr = _ax.to_arrow(
+            rewritten, params, column=lambda c: pc.field(c.name), now=now, schema=ext.schema
+        )
         return pads.dataset(ext).to_table(columns={"__v": expr}).column("__v")
     except _ARROW_LACKS:
         return _duckdb_over(e, table, params, resolve, now, select=True).column(0)
@@ -924,7 +926,9 @@ def filter_table(
         return table
     try:
         extended, rewritten = _substitute(predicate, table, params, resolve, now)
-        expr = _ax.to_arrow(rewritten, params, column=lambda c: pc.field(c.name), now=now)
+        expr = _ax.to_arrow(
+            rewritten, params, column=lambda c: pc.field(c.name), now=now, schema=extended.schema
+        )
         out = extended.filter(expr)
         return out.select(table.column_names) if extended is not table else out
     except _ARROW_LACKS:
@@ -985,7 +989,7 @@ def _arg_value(a: Expr, table: pa.Table, params: Mapping[str, Any], now: dt.date
         return a.value
     if _ax.is_constant(a):
         return _ax.eval_constant(a, params, now)
-    expr = _ax.to_arrow(a, params, column=lambda c: pc.field(c.name), now=now)
+    expr = _ax.to_arrow(a, params, column=lambda c: pc.field(c.name), now=now, schema=table.schema)
     return pads.dataset(table).to_table(columns={"__v": expr}).column("__v")
 
 

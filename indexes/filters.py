@@ -125,7 +125,7 @@ class ResidualPred(Pred):
                     + ("" if c in ds.schema.names else f"; columns: {', '.join(ds.schema.names)}")
                 )
         try:
-            self.arrow = to_arrow(expr, params, now=now)
+            self.arrow = to_arrow(expr, params, now=now, schema=ds.schema)
         except (NotTranslatable, KeyError) as e:
             raise DatasetError(f"dataset {ds.name!r}: cannot apply filter {expr}: {e}") from None
 

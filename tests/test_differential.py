@@ -23,7 +23,6 @@ import datetime as dt
 import decimal
 import json
 import random
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -56,7 +55,10 @@ def _rows() -> list[dict[str, Any]]:
         out.append(
             {
                 "id": i,
-                "d": None if i % 9 == 0 else D(rnd.randint(-500, 1500)) / 100,
+                # half like TPC-H's l_discount (0.00-0.10), half wide
+                "d": None
+                if i % 9 == 0
+                else D(rnd.randint(0, 10) if i % 2 else rnd.randint(-500, 1500)) / 100,
                 "f": None if i % 10 == 0 else rnd.choice([0.05, 0.07, -1.5, 2.5, 0.125]) + i % 3,
                 "i": None if i % 11 == 0 else rnd.randint(-30, 60),
                 "s": None if i % 8 == 0 else rnd.choice(STRINGS),
@@ -283,15 +285,20 @@ def atom(draw: Any) -> str:
     op = draw(st.sampled_from(["=", "!=", "<", "<=", ">", ">="]))
     if kind == "cmp":
         col = draw(st.sampled_from(["d", "f", "i", "s", "c", "ts"]))
-        return f"{col} {op} {_lit(draw(st.sampled_from(_VALS[col])))}"
+        v = draw(st.sampled_from(_VALS[col]))
+        if col in ("d", "f") and draw(st.booleans()):  # a constant folded from decimals
+            k = draw(st.sampled_from(["0.01", "0.07", "0.1", "0.3"]))
+            return f"{col} {op} {D(str(v)) - D(k)} + {k}"
+        return f"{col} {op} {_lit(v)}"
     if kind == "cmp_cols":
         return draw(st.sampled_from([f"s {op} c", f"d {op} f", f"i {op} d"]))
     if kind == "between":
         col = draw(st.sampled_from(["d", "f", "i", "ts", "s"]))
         a, b = sorted(draw(st.lists(st.sampled_from(_VALS[col]), min_size=2, max_size=2)))
         neg = draw(st.sampled_from(["", "not "]))
-        if col == "d" and draw(st.booleans()):  # TPC-H Q6: folded decimal bounds
-            return f"d {neg}between {a} - 0.01 and {b} + 0.01"
+        if col in ("d", "f") and draw(st.booleans()):  # TPC-H Q6: folded decimal bounds
+            k = draw(st.sampled_from(["0.01", "0.07", "0.1", "0.3"]))
+            return f"{col} {neg}between {D(str(a)) - D(k)} + {k} and {D(str(b)) + D(k)} - {k}"
         return f"{col} {neg}between {_lit(a)} and {_lit(b)}"
     if kind == "in":
         col = draw(st.sampled_from(["d", "i", "s", "c"]))
@@ -305,6 +312,23 @@ def atom(draw: Any) -> str:
         )
         kw = draw(st.sampled_from(["like", "not like", "ilike"]))
         return f"{col} {kw} {_lit(pat)}"
+    if kind == "param":
+        return draw(
+            st.sampled_from(
+                [
+                    "s like '%' || {{session.w}} || '%'",  # TPC-H Q9/Q13: a built pattern
+                    "c like {{session.brand}} || '%'",
+                    "c not like {{session.brand}} || '3'",
+                    f"i {op} {{{{session.n}}}}",
+                    f"d {op} {{{{session.n}}}}",
+                    f"d {op} {{{{session.x}}}}",
+                    f"f {op} {{{{session.x}}}} - 1",
+                    f"ts {op} {{{{session.t}}}}",
+                    "s = lower({{session.w}}) || 'c'",
+                    f"date_trunc('day', ts) {op} date_trunc('day', {{{{session.t}}}})",
+                ]
+            )
+        )
     if kind == "isnull":
         col = draw(st.sampled_from(["d", "f", "i", "s", "c", "ts"]))
         return f"{col} is {draw(st.sampled_from(['', 'not ']))}null"
@@ -322,7 +346,7 @@ def atom(draw: Any) -> str:
                 ]
             )
         )
-        v = draw(st.sampled_from([0, 1, 24, "0.05", "1.5", "-2.25", "12.5"]))
+        v = draw(st.sampled_from([0, 1, 24, "0.05", "1.5", "-2.25", "12.5", "0.06 + 0.01"]))
         return form.format(op=op, v=v)
     fn = draw(
         st.sampled_from(
@@ -369,19 +393,40 @@ def condition(draw: Any) -> str:
     return out
 
 
+#: session values the filters may use (bound as parameters; spliced into the oracle's SQL)
+PARAMS: dict[str, Any] = {
+    "w": "b",
+    "brand": "Brand#1",
+    "n": 24,
+    "x": 2.5,
+    "t": dt.datetime(2024, 3, 1, 9, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+}
+
+
+def _like_escape(n: A.Expr) -> A.Expr | None:
+    """The fabric's LIKE escapes with a backslash (as PostgreSQL, MariaDB and pyarrow do);
+    DuckDB's has no escape character unless named: like_escape(x, pattern, '\\')."""
+    if not isinstance(n, A.Like):
+        return None
+    fn = "ilike_escape" if n.case_insensitive else "like_escape"
+    call = A.Call(fn, (n.expr, n.pattern, A.Literal("\\", "str")))
+    return A.Unary("not", call) if n.negated else call
+
+
 def _three_ways(loaded: Any, text: str) -> tuple[list[int], list[int], list[int]]:
     _, source, full, con = loaded
     e = A.unqualify(parse_expr(text))
-    pushed, _, _ = fabric_scan(source, [e], columns=["id"])
-    local = functions.filter_table(full, e, {}, resolve=lambda c: c.name)
-    # the fabric's LIKE escapes with a backslash (as PostgreSQL, MariaDB and pyarrow do)
-    sql = re.sub(r"(like '(?:[^']|'')*')", r"\1 ESCAPE '\\'", A.to_text(e))
+    pushed, _, _ = fabric_scan(source, [e], dict(PARAMS), columns=["id"])
+    local = functions.filter_table(full, e, dict(PARAMS), resolve=lambda c: c.name)
+    sql = A.to_text(A.replace(e, _like_escape))
+    for k, v in PARAMS.items():
+        sql = sql.replace("{{session." + k + "}}", _lit(v))
     oracle = [r[0] for r in con.execute(f"SELECT id FROM t WHERE {sql} ORDER BY id").fetchall()]
     return sorted(pushed.column("id").to_pylist()), sorted(local.column("id").to_pylist()), oracle
 
 
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     derandomize=True,
@@ -416,6 +461,8 @@ def test_pushed_local_and_duckdb_agree(loaded: Any, text: str) -> None:
         "substring(s, 1, 2) = 'ab'",
         "trim(s) = 'abc'",
         "s like 'a\\_b%'",  # backslash escapes _ (DuckDB's LIKE has no default escape)
+        "s like '%' || {{session.w}} || '%'",  # TPC-H Q9: '||' over a session value folded
+        "c not like {{session.brand}} || '3'",
     ],
 )
 def test_known_wrong_answers_stay_fixed(loaded: Any, text: str) -> None:

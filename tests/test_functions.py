@@ -478,3 +478,33 @@ def test_date_trunc_on_a_source_and_round_above_a_join(lake: Any) -> None:
     ).fetchall()
     assert [tuple(r.values()) for r in res.table.to_pylist()] == want
     assert res.table.schema.field("total").type == pa.decimal128(38, 2)
+
+
+def test_decimal_and_float_compare_in_floats_as_sql() -> None:
+    """Regression: pyarrow casts the float to the decimal's type when they meet, so a
+    float column never equalled the decimal literal -4.77 (and a DECIMAL column never
+    equalled a float session value -4.77); SQL compares them in floats."""
+    t = pa.table(
+        {
+            "id": pa.array([1, 2, 3, 4], pa.int64()),
+            "f": pa.array([-4.77, 0.07, 1.005, None], pa.float64()),
+            "d": pa.array([D("-4.77"), D("0.07"), D("1.01"), None], pa.decimal128(15, 2)),
+        }
+    )
+    for where, params in (
+        ("f = -4.77", {}),
+        ("f != -4.77", {}),
+        ("f in (-4.77, 1.005)", {}),
+        ("f between -4.77 and 0.07", {}),
+        ("d = {{session.x}}", {"x": -4.77}),
+        ("d < {{session.x}}", {"x": 1.01}),
+        ("d = f", {}),
+        ("d * 2 = f * 2", {}),
+    ):
+        e = _expr(where)
+        got = functions.filter_table(t, e, params, resolve=lambda c: c.name).column("id")
+        sql = where.replace("{{session.x}}", repr(params.get("x")))
+        assert got.to_pylist() == _ref_ids(sql, t), where
+        if "= f" not in where:  # without the schema, a constant still meets a column in floats
+            plain = t.filter(to_arrow(e, params)).column("id").to_pylist()
+            assert plain == _ref_ids(sql, t), ("no schema", where)
