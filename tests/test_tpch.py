@@ -98,6 +98,26 @@ def test_tpch_explain_analyze_runs_the_same_query(tpch, name):
     assert res.explain and "rows=" in res.explain, res.explain
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n, marks=[pytest.mark.xfail(reason=XFAIL[n], strict=False)] if n in XFAIL else []
+        )
+        for n in H.all_queries()
+    ],
+)
+def test_tpch_text_form_equals_duckdb(tpch, name):
+    """The compact text form expresses everything the YAML form can (DESIGN.md): each
+    binding rewritten as one string (harness.text_form) gives the same answer."""
+    _data, fab, ref, vocab = tpch
+    q = QUERIES[name]
+    params = q.params(SF, None, vocab)
+    res = fab.query_text(H.text_form(name), session=H.session_values(name, params))
+    verdict, why = H.compare(H.run_reference(ref, q, params), res.table, q.order)
+    assert verdict == "ok", f"{name}: {verdict}: {why}\n{H.text_form(name)}"
+
+
 def test_every_query_has_a_binding_and_reference():
     assert sorted(QUERIES) == [f"q{i:02d}" for i in range(1, 23)]
     for name in QUERIES:

@@ -309,3 +309,66 @@ def needed_connection(data: load.Data):
         con.execute(f"CREATE TABLE {name} AS SELECT *, row_number() OVER () AS __rid FROM _{name}")
         con.unregister(f"_{name}")
     return con
+
+
+# ------------------------------------------------------------------ the compact text form
+
+
+def _items(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, list):
+        return [str(x) for x in v]
+    return [str(v)]
+
+
+def _where(v: Any) -> str:
+    parts = _items(v)
+    return " and ".join(f"({p})" for p in parts) if len(parts) > 1 else (parts[0] if parts else "")
+
+
+def _body(doc: Mapping[str, Any]) -> str:
+    """from/join clauses .. limit of a binding or a stage, in the text form."""
+    out = []
+    for i, (alias, src) in enumerate(doc["sources"].items()):
+        join = src.get("join")
+        how, on = "", None
+        if isinstance(join, Mapping):
+            # PyYAML reads the key `on` as the YAML 1.1 boolean True
+            how, on = ("left " if join.get("how") == "left" else ""), join.get("on", join.get(True))
+        elif join is not None:
+            on = join
+        head = (
+            f"from {src['from']} as {alias}"
+            if i == 0
+            else f"{how}join {src['from']} as {alias} on {on}"
+        )
+        out.append(head)
+        if src.get("where") is not None:
+            out.append(f"where {_where(src['where'])}")
+        if src.get("derive"):
+            out.append("derive " + ", ".join(f"{k} = {v}" for k, v in src["derive"].items()))
+    if doc.get("select"):
+        out.append("select " + ", ".join(_items(doc["select"])))
+    if doc.get("group_by"):
+        out.append("group by " + ", ".join(_items(doc["group_by"])))
+    if doc.get("having"):
+        out.append(f"having {doc['having']}")
+    if doc.get("order_by"):
+        out.append("order by " + ", ".join(_items(doc["order_by"])))
+    if doc.get("limit") is not None:
+        out.append(f"limit {doc['limit']}")
+    return " ".join(out)
+
+
+def text_form(name: str) -> str:
+    """queries/<name>.yaml written in the compact text form (docs/bindings.md), which must
+    express everything the YAML form can: the same query, one string."""
+    doc = yaml.safe_load(binding_file(name).read_text())
+    out = [f"binding {doc['binding']}_text"]
+    if doc.get("session"):
+        out.append("session " + ", ".join(f"{k}: {v}" for k, v in doc["session"].items()))
+    if doc.get("stages"):
+        out.append("with " + ", ".join(f"{k} as ({_body(v)})" for k, v in doc["stages"].items()))
+    out.append(_body(doc))
+    return " ".join(out)
