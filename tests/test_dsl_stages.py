@@ -579,3 +579,44 @@ having: exists(big where big.sku = o.sku) and count(*) > 20
            AND count(*) > 20"""
     ).fetchall()
     same(rows(got), want)
+
+
+GROUPED_JOIN = """
+binding: sku_averages_of_a_category
+stages:
+  per_sku:
+    sources: {o2: {from: memory://t/orders}}
+    select: [o2.sku, avg(o2.amount) as a, count(*) as n]
+    group_by: [o2.sku]
+    having: n > 1
+sources:
+  k:
+    from: memory://t/categories
+    where: category = 'cat3'
+  s:
+    from: stage://per_sku
+    join: s.sku = k.sku
+select: [k.sku, s.a, s.n]
+"""
+
+
+def test_keys_of_a_small_side_reach_the_scan_inside_a_grouped_stage(cat, ref, tables) -> None:
+    """A correlated scalar subquery written as a grouped stage joined on its group key:
+    the small side's keys are pushed into the stage's scan (below its aggregate), so only
+    the groups that can join are read; the answer is unchanged."""
+    plan, _ = run(cat, GROUPED_JOIN)
+    inner = next(s for s in plan.scans() if s.alias == "o2")
+    assert [str(d).split(" max=")[0] for d in inner.dynamic] == ["sku in keys(k.sku)"]
+    spec = load_text(GROUPED_JOIN)[0]
+    res = execute(plan, {}, cat, binding=spec.name)
+    want = ref.execute(
+        """SELECT k.sku, s.a, s.n FROM categories k JOIN (SELECT sku, avg(amount) AS a,
+           count(*) AS n FROM orders GROUP BY sku HAVING count(*) > 1) s ON s.sku = k.sku
+           WHERE k.category = 'cat3'"""
+    ).fetchall()
+    same(rows(res.table), want)
+    needed = ref.execute(
+        """SELECT count(*) FROM orders WHERE sku IN
+           (SELECT sku FROM categories WHERE category = 'cat3')"""
+    ).fetchone()[0]
+    assert res.stats["sources"]["o2"]["rows"] == needed < tables["orders"].num_rows

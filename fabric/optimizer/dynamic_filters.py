@@ -31,7 +31,18 @@ from connectors.base import Pushdown
 from dsl.ast import Binary, Column, Expr, InList, Param, conjuncts, sources_of
 from fabric.optimizer._util import aliases, ask_filter, derived_names, replace_node
 from fabric.optimizer.cardinality import Estimator
-from fabric.plan.nodes import Derive, DynamicFilter, Filter, Join, Plan, Scan, Sort
+from fabric.plan.nodes import (
+    Aggregate,
+    Derive,
+    DynamicFilter,
+    Filter,
+    Join,
+    Plan,
+    Project,
+    Scan,
+    Sort,
+    StageRef,
+)
 
 SMALL_SIDE = 100_000  # estimated keys; the executor chooses the form on the measured count
 MIN_RATIO = 2.0
@@ -89,10 +100,13 @@ def _try(
     if len(sources_of(from_expr)) != 1:
         return None
     from_alias = next(iter(sources_of(from_expr)))
-    scan = _target_scan(big, key)
-    if scan is None or key.name not in scan.source_schema.names:
+    target = _target(big, key)
+    if target is None:
         return None
-    if any(d.column == key.name and d.from_expr == from_expr for d in scan.dynamic):
+    scan, column = target
+    if column not in scan.source_schema.names:
+        return None
+    if any(d.column == column and d.from_expr == from_expr for d in scan.dynamic):
         return None
     keys = est.keys_estimate(from_expr)
     small_rows = keys  # the keys come from the source unit of from_expr
@@ -101,31 +115,55 @@ def _try(
         return None
     if _depends_on(root, from_alias, scan.alias):
         return None
-    probe = InList(Column(key.name), Param("__dyn_probe"))
+    probe = InList(Column(column), Param("__dyn_probe"))
     if ask_filter(catalog, scan.uri, probe) not in (Pushdown.EXACT, Pushdown.INEXACT):
         return None
     lo, hi = (
-        Binary(">=", Column(key.name), Param("__dyn_lo")),
-        Binary("<=", Column(key.name), Param("__dyn_hi")),
+        Binary(">=", Column(column), Param("__dyn_lo")),
+        Binary("<=", Column(column), Param("__dyn_hi")),
     )
     ranged = all(
         ask_filter(catalog, scan.uri, c) in (Pushdown.EXACT, Pushdown.INEXACT) for c in (lo, hi)
     )
     new_scan = dataclasses.replace(
-        scan, dynamic=(*scan.dynamic, DynamicFilter(key.name, from_expr, MAX_KEYS, ranged))
+        scan, dynamic=(*scan.dynamic, DynamicFilter(column, from_expr, MAX_KEYS, ranged))
     )
     return replace_node(root, scan, new_scan)
 
 
-def _target_scan(big: Plan, key: Column) -> Scan | None:
+def _target(big: Plan, key: Column) -> tuple[Scan, str] | None:
     """The Scan of ``key.source`` reachable without crossing a row-changing operator,
-    with ``key`` a base column of it (not a derived one)."""
-    if key.qualified in derived_names(big):
-        return None
+    with ``key`` a base column of it (not a derived one), and that column's name.
+
+    Inside a stage used as a source (``StageRef``) the key is followed through the
+    stage's select to a group_by column of its aggregate and below: keeping only some
+    groups' input rows leaves those groups' results unchanged (a correlated scalar
+    subquery written as a grouped stage then reads only the groups it is joined to)."""
     node: Plan = big
     while True:
+        if key.qualified in derived_names(node):
+            return None
         if isinstance(node, Scan):
-            return node if node.alias == key.source else None
+            return (node, key.name) if node.alias == key.source else None
+        if isinstance(node, StageRef):
+            if key.source != node.alias:
+                return None
+            key = Column(key.name, None)  # a name of the stage's output
+            node = node.input
+            continue
+        if isinstance(node, Project) and key.source is None:
+            hit = next((e for n, e, _ in node.items if n == key.name), None)
+            if not isinstance(hit, Column) or hit.source is None:
+                return None
+            key, node = hit, node.input
+            continue
+        if isinstance(node, Aggregate):
+            if not any(e == key for _, e, _ in node.group_by):
+                return None
+            node = node.input
+            continue
+        if key.source is None:
+            return None
         if isinstance(node, Filter | Derive | Sort):
             node = node.input
         elif isinstance(node, Join):
