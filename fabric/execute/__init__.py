@@ -369,7 +369,8 @@ class _Run:
             table = self._eval(st.input)
             self.stage_tables[st.name] = table
             try:
-                self.params.update(_stages.bind(st.name, table, self.shape.params))
+                # a new dict, never mutated: units already running keep reading theirs
+                self.params = {**self.params, **_stages.bind(st.name, table, self.shape.params)}
             except ValueError as e:
                 raise QueryError(
                     self.binding,
