@@ -4,7 +4,7 @@ A subclass provides the ``source`` fixture: a connector Source over the 200 merc
 ``tests.connectors.data`` on a real server. ``fabric_scan`` plays the fabric's part:
 it asks ``supports_filter`` per conjunct, pushes EXACT/INEXACT ones, pushes limit/order
 only when every filter is EXACT (and the source has the capability), and re-applies
-non-EXACT filters with ``connectors.arrow_expr.filter_table`` - so a wrong EXACT claim
+non-EXACT filters with ``fabric.functions.filter_table`` (as the executor) - so a wrong EXACT claim
 or a dropped filter shows up as wrong rows.
 """
 
@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 
 from connectors._util import BadValueError, typed_params
-from connectors.arrow_expr import filter_table
 from connectors.base import Pushdown, ScanRequest, Source
 from dsl.ast import Binary, Column, Expr, InList, Param, SortKey
+from fabric import functions
 from tests.connectors import data
 
 
@@ -59,8 +59,8 @@ def fabric_scan(
     raw = pa.Table.from_batches(batches, schema=schema)
     out = raw
     bound = typed_params(residual, params, source.schema(), source.uri)  # as the executor binds
-    for f in residual:
-        out = filter_table(out, f, bound)
+    for f in residual:  # as the executor applies them (DuckDB for what pyarrow lacks)
+        out = functions.filter_table(out, f, bound, resolve=lambda c: c.name)
     if order_by and not push_order:
         out = out.sort_by(
             [(k.expr.name, "descending" if k.descending else "ascending") for k in order_by]
