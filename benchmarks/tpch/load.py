@@ -131,17 +131,24 @@ def _plain_strings(t: pa.Table) -> pa.Table:
 def generate(sf: float) -> dict[str, pa.Table]:
     """The 8 tables at scale factor ``sf`` (cached as Parquet under .services/tpch)."""
     out = CACHE / sf_name(sf) / "gen"
-    done = out / "_done"
-    if not done.exists():
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
+    if not (out / "_done").exists():
+        # generate beside it and rename: concurrent runs never see (or delete) half a set
+        tmp = out.with_name(f"gen.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
         t0 = time.perf_counter()
         subprocess.run(
-            [_tpchgen(), "parquet", "-s", f"{sf:g}", "-o", str(out)],
+            [_tpchgen(), "parquet", "-s", f"{sf:g}", "-o", str(tmp)],
             check=True,
             capture_output=True,
         )
-        done.write_text(generator_version())
+        (tmp / "_done").write_text(generator_version())
+        if out.exists() and not (out / "_done").exists():
+            shutil.rmtree(out, ignore_errors=True)  # an interrupted older layout
+        try:
+            tmp.rename(out)
+        except OSError:  # another run renamed its complete copy first: use that one
+            shutil.rmtree(tmp, ignore_errors=True)
         log(f"generated SF {sf:g} in {time.perf_counter() - t0:.1f} s")
     return {name: _plain_strings(pq.read_table(out / f"{name}.parquet")) for name in TABLES}
 
