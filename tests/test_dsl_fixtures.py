@@ -82,6 +82,7 @@ def test_at_least_forty_error_cases() -> None:
         ("market_open_news.yaml", "market_open_news_text.txt"),
         ("top_category_last_week.yaml", "top_category_text.txt"),
         ("stages.yaml", "stages_text.txt"),
+        ("case_cast_intervals.yaml", "case_cast_intervals_text.txt"),
     ],
 )
 def test_yaml_and_text_forms_give_the_same_plan(
