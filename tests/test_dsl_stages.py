@@ -620,3 +620,26 @@ def test_keys_of_a_small_side_reach_the_scan_inside_a_grouped_stage(cat, ref, ta
            (SELECT sku FROM categories WHERE category = 'cat3')"""
     ).fetchone()[0]
     assert res.stats["sources"]["o2"]["rows"] == needed < tables["orders"].num_rows
+
+
+def test_like_with_a_column_pattern_across_a_join(cat, ref) -> None:
+    """A LIKE pattern built from another source's column (not a constant): no source can
+    apply it, the fabric does (DuckDB above the join)."""
+    binding = """
+binding: prefix_match
+sources:
+  k:
+    from: memory://t/categories
+    where: sku < 20
+  o:
+    from: memory://t/orders
+    join: o.sku = k.sku
+    where: "cast(o.user_id as str) like substring(k.category, 4) || '%'"
+select: [o.id, k.category]
+"""
+    _, got = run(cat, binding)
+    want = ref.execute(
+        """SELECT o.id, k.category FROM categories k JOIN orders o ON o.sku = k.sku
+           WHERE k.sku < 20 AND CAST(o.user_id AS VARCHAR) LIKE substring(k.category, 4) || '%'"""
+    ).fetchall()
+    same(rows(got), want)
