@@ -177,9 +177,10 @@ def make_type(
     if kind == "decimal":
         if arg is None:
             return ValueType("decimal")
-        args = arg if isinstance(arg, tuple) else (arg,)
+        raw = arg if isinstance(arg, tuple) else (arg,)
+        args = [a for a in raw if isinstance(a, int) and not isinstance(a, bool)]
         if (
-            not all(isinstance(a, int) and not isinstance(a, bool) for a in args)
+            len(args) != len(raw)
             or not 1 <= args[0] <= 38
             or len(args) > 2
             or (len(args) == 2 and not 0 <= args[1] <= args[0])
