@@ -2,9 +2,10 @@
 
 One seeded random table (DECIMAL(15, 2), CHAR(10) and VARCHAR strings with unicode,
 mixed case and trailing spaces, NULLs, time-zoned timestamps, ints, floats) is loaded
-once per module into MariaDB, PostgreSQL, MongoDB, S3 Parquet, a local CSV file and a
-Kafka topic. Hypothesis draws filters (comparisons, between, in, like / ilike, is null,
-and / or / not, arithmetic, the registered functions) with constants taken from the data.
+once per module into MariaDB, PostgreSQL, MongoDB, S3 Parquet, a local CSV file, a
+Kafka topic and an indexed dataset (dataset://: B-tree and inverted indexes). Hypothesis
+draws filters (comparisons, between, in, like / ilike, is null, and / or / not,
+arithmetic, session values, the registered functions) with constants from the data.
 Each filter is evaluated three ways and the row ids must agree:
 
 - pushed: the connector's own answer (``supports_filter`` then ``scan``; what it cannot
@@ -236,7 +237,22 @@ def kafka_source(kafka_bootstrap: str, test_run_id: str) -> Iterator[Any]:
     topics.cleanup()
 
 
-CONNECTORS = ["mariadb", "postgres", "mongo", "s3", "csv", "kafka"]
+@pytest.fixture(scope="module")
+def dataset_source() -> Any:
+    """An indexed dataset (B-trees on i, f and ts, an inverted index on s): filters on
+    indexed columns go through the indexes, the rest through pyarrow on the candidates."""
+    from connectors.dataset import DatasetConnection
+    from indexes import Dataset
+
+    ds = Dataset.create(
+        "diff", SCHEMA, "id", {"i": "btree", "f": "btree", "ts": "btree", "s": "inverted"}
+    )
+    ds.upsert(TABLE)
+    conn = DatasetConnection()
+    return conn.add(ds)
+
+
+CONNECTORS = ["mariadb", "postgres", "mongo", "s3", "csv", "kafka", "dataset"]
 
 
 @pytest.fixture(scope="module", params=CONNECTORS)
@@ -548,7 +564,7 @@ def test_functions_pushed_where_a_form_exists(loaded: Any) -> None:
     name, source, _, _ = loaded
     for text in ("round(d, 1) = 2.5", "trim(s) = 'abc'", "date_part('year', ts) = 2024"):
         got = source.supports_filter(parse_expr(text))
-        if name in ("mariadb", "postgres") or name in ("s3", "csv", "kafka"):
+        if name in ("mariadb", "postgres", "s3", "csv", "kafka", "dataset"):
             assert got is Pushdown.EXACT, (name, text, got)
         else:
             assert got is Pushdown.UNSUPPORTED, (name, text, got)
@@ -615,7 +631,7 @@ def test_every_function_at_every_connector_equals_duckdb(loaded: Any, fn: str, t
     assert pushed == oracle, f"{name}: pushed vs DuckDB for {text}"
     f = functions.REGISTRY[fn]
     answer = source.supports_filter(A.unqualify(parse_expr(text)))
-    if name in ("s3", "csv", "kafka") and f.arrow is not None and fn != "now":
+    if name in ("s3", "csv", "kafka", "dataset") and f.arrow is not None and fn != "now":
         assert answer is Pushdown.EXACT, (name, text, answer)
     if name == "mongo" and fn != "now":
         assert (answer is Pushdown.EXACT) == (f.mongo is not None), (name, text, answer)
