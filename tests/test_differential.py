@@ -574,6 +574,21 @@ def test_functions_pushed_where_a_form_exists(loaded: Any) -> None:
 
 _GH = functions.geo_hash(pa.array([ROWS[0]["f"]]), pa.array([float(ROWS[0]["i"])]), 2)[0].as_py()
 
+#: every field of date_part, with a value that some rows have
+_PARTS = [
+    ("year", 2024),
+    ("quarter", 2),
+    ("month", 6),
+    ("week", 10),
+    ("day", 15),
+    ("dow", 0),
+    ("isodow", 7),
+    ("doy", 60),
+    ("hour", 23),
+    ("minute", 0),
+    ("second", 0),
+]
+
 #: every registered scalar function, as filters over this table
 FUNCTION_FILTERS: dict[str, list[str]] = {
     "now": ["ts < now()"],
@@ -590,9 +605,12 @@ FUNCTION_FILTERS: dict[str, list[str]] = {
     "match": ["match(s, 'paulo')", "match(s, 'Köln')"],
     "date_trunc": [
         "date_trunc('month', ts) = timestamp '2024-03-01T00:00:00Z'",
-        "date_trunc('week', ts) < timestamp '2024-02-01T00:00:00Z'",
+        "date_trunc('week', ts) = timestamp '2024-01-29T00:00:00Z'",
+        "date_trunc('quarter', ts) = timestamp '2024-04-01T00:00:00Z'",
+        "date_trunc('hour', ts) = timestamp '2024-03-01T02:00:00+02:00'",
+        "date_trunc('year', ts) < timestamp '2024-06-01T00:00:00Z'",
     ],
-    "date_part": ["date_part('year', ts) = 2024", "date_part('dow', ts) = 0"],
+    "date_part": [f"date_part('{u}', ts) = {v}" for u, v in _PARTS],
     "extract": ["extract('month', ts) = 6", "extract('hour', ts) >= 20"],
     "substring": ["substring(s, 1, 2) = 'ab'", "substring(c, 7) = '13'"],
     "contains": ["contains(v, 1.0)"],
