@@ -294,6 +294,11 @@ class DatasetManager:
         ``every`` schedule), and checkpoint upserted datasets every
         ``checkpoint_interval`` seconds."""
         self.open()
+        for d in self.decls.values():  # say it at once: a typo in from: is otherwise silent
+            if d.kafka_feed() is not None and d.name not in self.ingestors:
+                problem = self.topic_problem(d.name)
+                if problem is not None:
+                    log.error("dataset %s: %s; fix from: in fabric.yaml", d.name, problem)
         for r in self.refreshers.values():
             r.start()
         if self._persister is None and self.checkpoint_interval:
@@ -339,10 +344,6 @@ class DatasetManager:
                 dead_letter_dir=self.state_dir / d.name,
             )
             self.ingestors[d.name] = ing.start()
-        for name in self.ingestors:  # say it at once: a typo in from: is otherwise silent
-            problem = self.topic_problem(name)
-            if problem is not None:
-                log.error("dataset %s: %s; fix from: in fabric.yaml", name, problem)
         return self
 
     def wait_caught_up(self, timeout: float = 30.0) -> bool:
