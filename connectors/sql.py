@@ -353,8 +353,6 @@ class _Translator:
                 args.append((None, None, a))
                 continue
             v, t = self.value(a)
-            if _is_text(t) and e.name in ("lower", "upper", "length", "trim", "substring"):
-                self._text_ok(t)
             args.append((v, t, a))
 
         def const(a: Expr) -> Any:

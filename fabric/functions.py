@@ -295,7 +295,9 @@ def _unary_sql(fn: str, accept: Callable[[Any], bool], result: Any = None) -> Sq
         import sqlalchemy as sa
 
         a, ta, _ = args[0]
-        if not accept(ta):
+        if accept is _text_t:
+            _text_arg(fn, dialect, ta)
+        elif not accept(ta):
             raise _NT(f"{fn}() of {ta} is not pushed")
         return getattr(sa.func, fn)(a), (result(ta) if callable(result) else result or ta)
 
@@ -304,6 +306,18 @@ def _unary_sql(fn: str, accept: Callable[[Any], bool], result: Any = None) -> Sq
 
 def _text_t(t: Any) -> bool:
     return t is None or T.is_text(t) or pa.types.is_null(t)
+
+
+#: dialects whose string semantics (case, trailing spaces, character counts) are known:
+#: the SQL connector compares their strings exactly
+TEXT_DIALECTS = ("mysql", "mariadb", "postgresql")
+
+
+def _text_arg(fn: str, dialect: str, t: Any) -> None:
+    if not _text_t(t):
+        raise _NT(f"{fn}() of a non-string")
+    if dialect not in TEXT_DIALECTS:
+        raise _NT(f"{fn}(): string semantics of {dialect} are not known")
 
 
 def _exact_num(t: Any) -> bool:
@@ -424,8 +438,7 @@ def _sql_substring(dialect, args, const):
     import sqlalchemy as sa
 
     a, ta, _ = args[0]
-    if not _text_t(ta):
-        raise _NT("substring() of a non-string")
+    _text_arg("substring", dialect, ta)
     start = int(const(args[1][2]))
     if len(args) == 3:
         return sa.func.substr(a, start, int(const(args[2][2]))), pa.string()
@@ -436,8 +449,7 @@ def _sql_trim(dialect, args, const):
     import sqlalchemy as sa
 
     a, ta, _ = args[0]
-    if not _text_t(ta):
-        raise _NT("trim() of a non-string")
+    _text_arg("trim", dialect, ta)
     return sa.func.trim(a), pa.string()
 
 
@@ -456,8 +468,7 @@ def _sql_length(dialect, args, const):
     import sqlalchemy as sa
 
     a, ta, _ = args[0]
-    if not _text_t(ta):
-        raise _NT("length() of a non-string")
+    _text_arg("length", dialect, ta)
     return sa.func.char_length(a), pa.int64()
 
 
