@@ -110,6 +110,31 @@ def test_tpch_text_form_equals_duckdb(tpch, name):
     assert verdict == "ok", f"{name}: {verdict}: {why}\n{H.text_form(name)}"
 
 
+@pytest.mark.slow
+def test_tpch_concurrent_queries_give_the_same_answers(tpch):
+    """All 22 compiled bindings, 3 parameter sets each, run from 8 threads at once: the
+    plans, the scan pool, the shared DuckDB connection and the sources' caches are shared,
+    and no answer may change."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _data, fab, ref, vocab = tpch
+    compiled = {n: H.compile_binding(fab, n) for n in H.all_queries()}
+    jobs = []
+    for seed in (1, 2, 3):
+        for n in H.all_queries():
+            p = QUERIES[n].params(SF, seed, vocab)
+            jobs.append((n, seed, p, H.run_reference(ref, QUERIES[n], p)))
+
+    def run(job):
+        n, seed, p, expected = job
+        got = H.run_binding(fab, compiled[n], H.session_values(n, p)).table
+        return n, seed, H.compare(expected, got, QUERIES[n].order)
+
+    with ThreadPoolExecutor(8) as pool:
+        bad = [(n, seed, r) for n, seed, r in pool.map(run, jobs) if r[0] != "ok"]
+    assert not bad, bad
+
+
 def test_every_query_has_a_binding_and_reference():
     assert sorted(QUERIES) == [f"q{i:02d}" for i in range(1, 23)]
     for name in QUERIES:
