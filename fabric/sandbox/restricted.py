@@ -217,9 +217,9 @@ def namespace(guard: Guard) -> dict[str, object]:
             d = mod.__dict__
             for key, value in _FILTERED[name].items():
                 d[key] = view(value.name) if isinstance(value, _Submodule) else value
-                gate = _GATED.get((name, key))
-                if gate is not None:
-                    d[key] = gate(value, guard)  # type: ignore[operator]
+            for (modname, key), gate in _GATED.items():
+                if modname == name and key in d:
+                    d[key] = gate(d[key], guard)  # type: ignore[operator]
             d["__getattr__"] = _missing(name, guard)
             views[name] = mod
         return views[name]
