@@ -381,10 +381,10 @@ class KafkaIngestor:
         self._thread = threading.Thread(
             target=self._run_safely, name=f"fabric-ingest-{self.source}", daemon=True
         )
-        self._thread.start()
-        self._lag_thread = threading.Thread(
+        self._lag_thread = threading.Thread(  # (set before the ingest thread looks at it)
             target=self._lag_loop, name=f"fabric-lag-{self.source}", daemon=True
         )
+        self._thread.start()
         self._lag_thread.start()
         return self
 
@@ -650,10 +650,10 @@ class KafkaIngestor:
                 dead += self._upsert_row_by_row(rows, msgs, row_msg, exc)
         # the dataset now holds the batch: dead letters out, offsets committed, position advanced
         self.dlq.flush()
-        if self.dlq.problem is not None:
-            self._error("dead_letter", self.dlq.problem)
-        elif dead:
+        if self.dlq.problem is None:
             self._ok("dead_letter")
+        elif self.errors.get("dead_letter") != self.dlq.problem:
+            self._error("dead_letter", self.dlq.problem)
         for p, o in ends.items():
             if o > self.next_offsets.get(p, -1):
                 self.next_offsets[p] = o
