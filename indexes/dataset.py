@@ -100,7 +100,8 @@ class Dataset:
         self.graph_lock = RWLock()
         self.directory: str | None = None
         self.cost_model: Any = None  # indexes.cost.CostModel, loaded lazily
-        self.feedback: dict[str, dict[str, float]] = {}  # filter -> strategy -> learned cost factor
+        self.feedback: dict[str, dict[str, float]] = {}  # filter -> strategy -> guard fire rate
+        self.pred_cache: dict[tuple[str, int], Any] = {}  # (filter, version) -> compiled
         self.version = 0
         # growing segments are folded into the HNSW graphs by a background thread, in
         # chunks of about fold_lock_ms under the write lock; a write waits while a segment

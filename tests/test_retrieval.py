@@ -613,3 +613,19 @@ def test_partition_needs_a_btree_and_is_refused_elsewhere():
     ds, lab, x, _ = anti_dataset(2000, 0, name="nopart")
     res, info = ds.search("v", x[0], K, lt("rnd", 0.5), {}, strategy="partition")
     assert info.executed == "prefilter" and "no per-value graph" in (info.guard or "")
+
+
+def test_compiled_filters_are_reused_only_while_the_dataset_is_unchanged():
+    ds, lab, x, rnd = anti_dataset(3000, 0, name="cache")
+    where = cl_in(range(40, 60))
+    q = x[int(np.flatnonzero(lab == 3)[0])]
+    first, _ = ds.search("v", q, K, where, {}, columns=["id"])
+    assert len(ds.pred_cache) == 1
+    again, _ = ds.search("v", q, K, where, {}, columns=["id"])
+    assert len(ds.pred_cache) == 1 and again.column("id") == first.column("id")
+    # a write: fresh rows of cluster 41 right at the query must be found
+    ids = np.arange(5000, 5010)
+    near = np.repeat(q[None, :], 10, axis=0) + 0.01
+    ds.upsert(anti_table(ids, np.full(10, 41), near.astype(np.float32), np.zeros(10)))
+    after, info = ds.search("v", q, K, where, {}, columns=["id"])
+    assert sorted(after.column("id").to_pylist()) == ids.tolist(), str(info)
