@@ -257,7 +257,7 @@ def table(rows: list[Row], sf: float, markdown: bool = False) -> str:
     body.append(gm)
     body.append(
         [
-            "geomean (all 22, DuckDB)",
+            "geomean (every query, DuckDB)",
             "",
             "",
             _fmt(_geomean([Row.p50(r.peer) for r in rows])),
@@ -278,6 +278,21 @@ def table(rows: list[Row], sf: float, markdown: bool = False) -> str:
         ]
         lines.insert(1, "-" * len(lines[0]))
     out = [f"TPC-H SF {sf:g}", *lines, ""]
+    # the goals of issue 11: geomean <= 1.0x federated, no query above 2x, fetched <= 2x needed
+    slow = [
+        f"{r.name} {Row.p50(r.fabric) / Row.p50(r.peer):.1f}x"
+        for r in right
+        if r.fabric and r.peer and Row.p50(r.fabric) > 2 * Row.p50(r.peer)
+    ]
+    over = [
+        f"{r.name}.{a} {n / r.needed[a]:.0f}x"
+        for r in rows
+        for a, n in r.fetched.items()
+        if r.needed.get(a) and n > 2 * r.needed[a]
+    ]
+    out.append(f"above 2x federated: {len(slow)} ({', '.join(slow) or 'none'})")
+    out.append(f"sources fetching > 2x the rows needed: {len(over)} ({', '.join(over) or 'none'})")
+    out.append("")
     for r in rows:
         if r.verdict != "ok":
             out.append(f"{r.name} fabric {r.verdict}: {r.why}")
