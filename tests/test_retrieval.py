@@ -496,7 +496,7 @@ def test_anti_correlated_filters_match_brute_force(anti_ds, name, strategy):
 
 
 def test_a_path_that_cannot_meet_the_target_falls_back_or_flags():
-    ds, lab, x, rnd = anti_dataset(10_000, 0, name="flag")
+    ds, lab, x, _rnd = anti_dataset(10_000, 0, name="flag")
     _, qs, _ = anti_data(8, seed=12, clusters=50)
     fired = {"postfilter": 0, "insearch": 0}
     flagged = 0
@@ -610,13 +610,13 @@ def test_partition_needs_a_btree_and_is_refused_elsewhere():
         Dataset.create("p", ASCHEMA, "id", {"v": IndexSpec("hnsw", partition="cl")})
     with pytest.raises(DatasetError, match="partition= only applies to hnsw"):
         IndexSpec("btree", partition="cl")
-    ds, lab, x, _ = anti_dataset(2000, 0, name="nopart")
-    res, info = ds.search("v", x[0], K, lt("rnd", 0.5), {}, strategy="partition")
+    ds, _lab, x, _ = anti_dataset(2000, 0, name="nopart")
+    _res, info = ds.search("v", x[0], K, lt("rnd", 0.5), {}, strategy="partition")
     assert info.executed == "prefilter" and "no per-value graph" in (info.guard or "")
 
 
 def test_compiled_filters_are_reused_only_while_the_dataset_is_unchanged():
-    ds, lab, x, rnd = anti_dataset(3000, 0, name="cache")
+    ds, lab, x, _rnd = anti_dataset(3000, 0, name="cache")
     where = cl_in(range(40, 60))
     q = x[int(np.flatnonzero(lab == 3)[0])]
     first, _ = ds.search("v", q, K, where, {}, columns=["id"])
