@@ -558,12 +558,35 @@ class SqlConnection(Connection):
                     max_overflow=int(self.options.get("max_overflow", 5)),
                     pool_recycle=int(self.options.get("pool_recycle", 1800)),
                     pool_timeout=self.connect_timeout,
-                    pool_pre_ping=True,
+                    # PyMySQL: our own pre-ping (_ping), bounded by connect_timeout
+                    pool_pre_ping=not self._pymysql,
                     connect_args=self._connect_args(),
                 )
-                if "read_timeout" in self._connect_args():
+                if self._pymysql:
                     sa.event.listen(self._engine, "connect", self._after_connect)
+                    sa.event.listen(self._engine, "checkout", self._ping)
             return self._engine
+
+    @property
+    def _pymysql(self) -> bool:
+        return (
+            self.url.get_backend_name() in ("mysql", "mariadb")
+            and self.url.get_driver_name() == "pymysql"
+        )
+
+    def _ping(self, dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        """Pessimistic disconnect handling for PyMySQL, like ``pool_pre_ping`` but waiting
+        at most ``connect_timeout`` (not ``read_timeout``) for the answer: a server that
+        stopped answering is noticed in seconds; the pool then tries a new connection once
+        (whose handshake is bounded by connect_timeout too) and the scan fails."""
+        rt = getattr(dbapi_conn, "_read_timeout", None)
+        dbapi_conn._read_timeout = max(1, round(self.connect_timeout))
+        try:
+            dbapi_conn.ping(reconnect=False)
+        except Exception as exc:
+            raise sa_exc.DisconnectionError(f"ping failed: {exc}") from exc
+        finally:
+            dbapi_conn._read_timeout = rt
 
     def _after_connect(self, dbapi_conn: Any, _record: Any) -> None:
         """PyMySQL reads the handshake with its read timeout: it is opened with the
