@@ -374,8 +374,8 @@ class _Translator:
     def compare(self, op: str, left: Expr, right: Expr) -> Any:
         (a, ta), (b, tb) = self.value(left), self.value(right)
         _check_types(ta, tb, left, right)
-        if ta is None or tb is None:  # comparison with null: never true
-            return sa.false()
+        if ta is None or tb is None:  # comparison with null: unknown (so is its negation)
+            return _UNKNOWN
         fn = {
             "=": "__eq__",
             "!=": "__ne__",
@@ -445,15 +445,13 @@ class _Translator:
             r = a.in_(bp)
             if _is_text(ta) and self.src.mysql:
                 r = sa.and_(r, self._binary(a, ta).in_(sa.bindparam(None, values, expanding=True)))
-            if e.negated:
-                return sa.false() if nulls else sa.not_(r)
-            return r
+            return _in_result(r, e.negated, nulls)
         items = [self.value(i) for i in e.items]
         for i, (_, ti) in zip(e.items, items):
             _check_types(ta, ti, e.expr, i)
         nonnull = [v for v, t in items if t is not None]
-        if not nonnull:
-            return sa.false()
+        if not nonnull:  # x in (null): unknown
+            return _UNKNOWN
         if _is_text(ta) and self.src.mysql:
             r = sa.and_(
                 a.in_(nonnull),
@@ -461,9 +459,7 @@ class _Translator:
             )
         else:
             r = a.in_(nonnull)
-        if e.negated:
-            return sa.false() if len(nonnull) < len(items) else sa.not_(r)
-        return r
+        return _in_result(r, e.negated, len(nonnull) < len(items))
 
     def _text_ok(self, t: pa.DataType | None) -> None:
         if self.src.generic and _is_text(t):
@@ -490,6 +486,20 @@ class _Translator:
         else:
             r = a.like(p)
         return sa.not_(r) if e.negated else r
+
+
+#: SQL's unknown: a condition that is neither true nor false (and neither is its negation)
+_UNKNOWN = sa.null()
+
+
+def _in_result(r: Any, negated: bool, nulls: bool) -> Any:
+    """``x [not] in (...)`` when the list held nulls (removed from ``r``): a value not
+    found is unknown, not false, so that an enclosing ``not`` keeps it unknown (SQL:
+    ``not (x in (1, null))`` is never true)."""
+    if negated:
+        r = sa.not_(r)
+        return sa.and_(r, _UNKNOWN) if nulls else r
+    return sa.or_(r, _UNKNOWN) if nulls else r
 
 
 def _numeric(t: pa.DataType | None) -> bool:

@@ -259,6 +259,8 @@ def _leaf(ds: Any, e: Expr, params: Mapping[str, Any], now: dt.datetime) -> Pred
         and is_constant(e.high)
     ):
         lo, hi = _const(e.low, params, now), _const(e.high, params, now)
+        if lo is None or hi is None:  # a null bound: unknown (not an open range): pyarrow
+            return None
         p = RangePred(ds, e.expr.name, [Range(lo, hi)], text)
         return NotPred(ds, p, ds.btrees[e.expr.name].nulls) if e.negated else p
     if isinstance(e, InList) and isinstance(e.expr, Column) and e.expr.name in ds.btrees:
@@ -273,7 +275,9 @@ def _leaf(ds: Any, e: Expr, params: Mapping[str, Any], now: dt.datetime) -> Pred
             values = [_const(i, params, now) for i in e.items]
         else:
             return None
-        values = sorted({v for v in values if v is not None}, key=lambda v: (str(type(v)), v))
+        if any(v is None for v in values):  # a value not found is unknown: pyarrow's 3VL
+            return None
+        values = sorted(set(values), key=lambda v: (str(type(v)), v))
         p = RangePred(ds, e.expr.name, [Range.point(v) for v in values], text)
         return NotPred(ds, p, ds.btrees[e.expr.name].nulls) if e.negated else p
     if (
