@@ -108,8 +108,12 @@ def nearest(word: str, choices: Any, what: str, limit: int = 12) -> str:
     names = sorted(set(choices))
     if len(names) <= limit:
         return did_you_mean(word, names, what)
-    close = difflib.get_close_matches(word, names, n=3, cutoff=0.5) or names[:3]
-    listing = f"nearest existing {what}: {', '.join(close)} ({len(names)} in all)"
+    close = difflib.get_close_matches(word, names, n=3, cutoff=0.5)
+    listing = (
+        f"nearest existing {what}: {', '.join(close)} ({len(names)} in all)"
+        if close
+        else f"no existing {what} is close; {len(names)} in all, e.g. {', '.join(names[:3])}"
+    )
     best = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
     return f"did you mean '{best[0]}'? ({listing})" if best else listing
 
