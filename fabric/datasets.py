@@ -442,8 +442,9 @@ class Refresher:
     has. ``append``: scan the rows whose cursor column is >= the largest value held (the
     filter is pushed to the source when it can take it; the boundary value is read again
     so rows sharing it are not missed, and upserts by key make that idempotent).
-    ``changes`` (MongoDB): a full read, then the collection's change stream applied as it
-    comes (inserts/updates/replaces upserted, deletes by key). After each refresh the
+    ``changes`` (MongoDB): the collection's change stream is opened, the collection read
+    in full, and the stream then applied as it comes (inserts/updates/replaces upserted,
+    deletes by key); after a stream error it is reopened and the collection read again. After each refresh the
     dataset and the refresh watermark are checkpointed in the dataset's state directory
     (the same store Kafka-fed datasets use), so a reopen starts from them.
 
@@ -472,6 +473,7 @@ class Refresher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stream: Any = None
+        self._loaded = threading.Event()  # changes: the first full read is done (or failed)
 
     @property
     def dataset(self) -> Any:
@@ -483,16 +485,21 @@ class Refresher:
             return True
         return time.time() - self.started_at >= self.every
 
-    def start(self) -> None:
+    def start(self, wait: float = 60.0) -> None:
+        """Refresh now if due, then keep refreshing on schedule; ``changes``: open the change
+        stream, read the collection fully, then follow the stream (waits up to ``wait``
+        seconds for that first read)."""
         if self._thread is not None:
             return
-        if self.due():
+        if self.mode != "changes" and self.due():
             self._refresh_logged()
         if self.mode == "changes" or self.every is not None:
             self._thread = threading.Thread(
                 target=self._loop, name=f"fabric-refresh-{self.decl.name}", daemon=True
             )
             self._thread.start()
+        if self.mode == "changes":
+            self._loaded.wait(wait)
 
     def stop(self) -> None:
         self._stop.set()
@@ -623,8 +630,10 @@ class Refresher:
                 coll = conn.db[coll_name]
                 with coll.watch(full_document="updateLookup", max_await_time_ms=200) as stream:
                     self._stream = stream
-                    if self.started_at is None:
-                        self.refresh()
+                    # the stream is open before the full read, so no change falls between
+                    # them (one seen by both is applied twice: idempotent by key)
+                    self.refresh()
+                    self._loaded.set()
                     while not self._stop.is_set() and stream.alive:
                         change = stream.try_next()
                         if change is None:
@@ -636,6 +645,7 @@ class Refresher:
                     return
                 self.last_error = f"change stream of {self.decl.from_uri}: {exc}"
                 log.warning("dataset %s: %s", self.decl.name, self.last_error)
+                self._loaded.set()  # open() does not wait for a source that is down
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
