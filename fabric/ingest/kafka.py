@@ -353,6 +353,7 @@ class KafkaIngestor:
         self._rebuild: str | None = None  # set by the lag thread: rebuild on the ingest thread
         self._verify_at = 0.0  # monotonic time of the next topic check (0: at once)
         self._suspect_at = 0.0  # the same, when the watermarks look truncated
+        self._anchors: dict[int, list[int]] | None = None  # fingerprints at the last check
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -809,8 +810,15 @@ class KafkaIngestor:
         # messages on kill -9) -- or Tansu, whose high watermark lags: the last message
         # applied, read again, tells (at most once per verify_interval when it is there)
         behind = any(d["high"] < offsets.get(int(p), 0) for p, d in detail.items())
-        if self._rebuild is None and (
-            now >= self._verify_at or (behind and now >= self._suspect_at)
+        # on the ingest thread only when resuming (before the first batch), else the lag
+        # thread's: reading messages again must not stall ingestion
+        defer = (
+            in_loop and self._lag_thread is not None and not (self.fingerprints or self.topic_id)
+        )
+        if (
+            self._rebuild is None
+            and not defer
+            and (now >= self._verify_at or (behind and now >= self._suspect_at))
         ):
             self._verify_at = now + self.options.verify_interval
             if behind:
@@ -865,12 +873,21 @@ class KafkaIngestor:
                     f"partition {p} ends at offset {ends[p]} but the dataset holds messages "
                     f"up to {nxt - 1}: the topic was truncated or recreated"
                 )
-        want = {
-            p: f
-            for p, f in fps.items()
-            if f[0] == offsets.get(p, 0) - 1 and str(p) in detail and detail[str(p)]["low"] <= f[0]
-        }
+        # which message to read again, per partition: the last applied when the end looks
+        # truncated; else the last applied as of the previous check (an "anchor"): a topic
+        # re-created in between no longer holds it, even if the ingestor has meanwhile read
+        # on from the new topic at the old offsets (its last applied is then the new one's)
+        anchors = self._anchors if self._anchors is not None else fps
+        want: dict[int, list[int]] = {}
+        for p, f in fps.items():
+            if str(p) not in detail:
+                continue
+            nxt = offsets.get(p, 0)
+            cand = f if ends.get(p, 0) < nxt and f[0] == nxt - 1 else anchors.get(p, f)
+            if detail[str(p)]["low"] <= cand[0]:
+                want[p] = cand
         if not want:
+            self._anchors = fps
             return None
         v = self.options.connection.new_consumer(
             {"group.id": f"{self.options.group_id}.verify", "enable.auto.commit": False,
@@ -908,6 +925,7 @@ class KafkaIngestor:
                     f"partition {p} offset {fp[0]} holds another message than the one applied "
                     f"(timestamp {fp[1]} vs {want[p][1]}): topic {self.options.topic!r} was recreated"
                 )
+        self._anchors = fps
         return None
 
     def _request_rebuild(self, reason: str) -> None:
@@ -926,6 +944,7 @@ class KafkaIngestor:
             ds.delete(keys)
         self.next_offsets.clear()
         self.fingerprints.clear()
+        self._anchors = None
         self.topic_id = None
         self._close()
         self._dirty = True

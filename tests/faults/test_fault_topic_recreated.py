@@ -118,7 +118,11 @@ def test_topic_recreated_under_a_running_ingestor_is_rebuilt(
             delete_topic(kafka_bootstrap, topic)
             create_topic(kafka_bootstrap, topic, 2)
             produce(kafka_bootstrap, topic, docs(range(500, 2000), gen=1))
-            wait_for(lambda: ing.stats.rebuilds >= 1 and ing.caught_up(), 90, "rebuilt")
+            wait_for(
+                lambda: ing.stats.rebuilds >= 1 and ing.caught_up(),
+                90,
+                f"rebuilt ({ds.count()} rows, {ing.stats}, {ing.errors}, {tr.source('docs').to_dict()})",
+            )
         ing.stop(checkpoint_now=False)
         rep = replica(kafka_bootstrap, topic, json_row)
         assert_replica(ds, rep)
