@@ -272,7 +272,13 @@ def coerce_value(t: ValueType, v: Any, name: str) -> Any:
         if not d.is_finite():
             raise ValueError(f"expected a finite decimal, got {v!r}")
         if t.size is not None:
-            q = d.quantize(decimal.Decimal(1).scaleb(-(t.scale or 0)))
+            scale = t.scale or 0
+            q = d.quantize(decimal.Decimal(1).scaleb(-scale))
+            if q != d:  # never rounded quietly: the agent asked for a value we cannot hold
+                raise ValueError(
+                    f"{v!r} has more than {scale} decimal places, which {t} cannot hold; "
+                    f"round it before sending it, or declare decimal({t.size},{_places(d)})"
+                )
             if len(q.as_tuple().digits) > t.size:
                 raise ValueError(f"{v!r} does not fit {t}")
             d = q
@@ -465,3 +471,9 @@ def infer_type(v: Any) -> ValueType:
     if getattr(v, "size", None) is not None and callable(getattr(v, "serialize", None)):
         return ValueType("encrypted", size=int(v.size))
     raise TypeError(f"cannot infer a session type for {_describe(v)}; declare it (session x: type)")
+
+
+def _places(d: decimal.Decimal) -> int:
+    """Digits after the point in ``d`` once trailing zeros are dropped."""
+    exp = d.normalize().as_tuple().exponent
+    return max(0, -exp) if isinstance(exp, int) else 0

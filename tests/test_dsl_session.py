@@ -115,3 +115,23 @@ def test_infer_and_cli_values() -> None:
     assert parse_cli_value(T["tags"], "a,b") == ["a", "b"]
     assert parse_cli_value(T["tags"], '["a", "b"]') == ["a", "b"]
     assert parse_cli_value(T["q"], "[1, 2, 3]") == [1, 2, 3]
+
+
+def test_decimal_session_values_are_never_rounded_quietly() -> None:
+    """decimal(15,2) takes 0.06 and 6 exactly; 0.065 (three places) is an error naming the
+    value and the type, not 0.06 (TPC-H Q6 answered for 0.06 when asked for 0.065)."""
+    import decimal
+
+    types = {"disc": parse_type("decimal(15,2)")}
+    assert bind_session(types, {"disc": "0.06"})["disc"] == decimal.Decimal("0.06")
+    assert bind_session(types, {"disc": 6})["disc"] == decimal.Decimal("6.00")
+    assert bind_session(types, {"disc": decimal.Decimal("0.0600")})["disc"] == decimal.Decimal(
+        "0.06"
+    )
+    for v in ("0.065", 0.065, decimal.Decimal("0.065")):
+        with pytest.raises(
+            SessionError, match=r"disc.*more than 2 decimal places.*decimal\(15,2\)"
+        ):
+            bind_session(types, {"disc": v})
+    with pytest.raises(SessionError, match="does not fit"):
+        bind_session(types, {"disc": "12345678901234.5"})
