@@ -153,6 +153,7 @@ class DeadLetterSink:
         self.fallback_path = _fallback_dir(fallback_dir, dataset) / "dead-letters.jsonl"
         self.problem: str | None = None  # the last delivery failure, until one succeeds
         self.delivered = 0
+        self.truncated: list[dict[str, Any]] = []  # records sent truncated (for notices)
         if self.mode.startswith("log:"):
             self._log_path = Path(self.mode[4:])
         elif self.mode not in ("topic", "none"):
@@ -197,6 +198,7 @@ class DeadLetterSink:
         if value is not None and len(value) > self.options.dead_letter_max_bytes:
             record["truncated"] = len(value)
             value = value[: self.KEEP]
+            self.truncated.append(record)
         headers: list[tuple[str, str | bytes | None]] = [
             (f"fabric.{k}", str(v).encode()) for k, v in record.items() if k != "at"
         ]
@@ -655,6 +657,13 @@ class KafkaIngestor:
             self._ok("dead_letter")
         elif self.errors.get("dead_letter") != self.dlq.problem:
             self._error("dead_letter", self.dlq.problem)
+        for r in self.dlq.truncated:
+            msg = (f"{r['topic']}[{r['partition']}]@{r['offset']}: {r['error']}; dead-lettered to "
+                   f"{self.options.dlq_topic} truncated to {DeadLetterSink.KEEP:,} of {r['truncated']:,} bytes")  # fmt: skip
+            log.warning("ingest %s: %s", self.source, msg)
+            if self.tracker is not None:
+                self.tracker.note(self.source, msg)
+        self.dlq.truncated.clear()
         for p, o in ends.items():
             if o > self.next_offsets.get(p, -1):
                 self.next_offsets[p] = o
