@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -173,7 +174,13 @@ def make_type(
     kind = _ALIASES.get(kind.lower(), kind.lower())
     kinds = PARAM_TYPES if allow_encrypted else tuple(k for k in PARAM_TYPES if k != "encrypted")
     if kind not in kinds:
-        raise DslError.at(f"unknown type '{kind}'", span, did_you_mean(kind, kinds, "types"))
+        hint = did_you_mean(kind, kinds, "types")
+        # 'integr' is closest to the alias 'integer': suggest what it stands for ('int')
+        close = difflib.get_close_matches(kind, [*kinds, *_ALIASES], n=1, cutoff=0.6)
+        if close and close[0] in _ALIASES and _ALIASES[close[0]] in kinds:
+            listing = hint[hint.index("existing") :] if "existing" in hint else hint
+            hint = f"did you mean '{_ALIASES[close[0]]}'? ({listing.rstrip(')')})"
+        raise DslError.at(f"unknown type '{kind}'", span, hint)
     if kind == "decimal":
         if arg is None:
             return ValueType("decimal")
