@@ -23,6 +23,7 @@ except ImportError:  # reported as an unavailable layer
 PROT_EXEC = 0x4
 
 UID_BASE = 1_900_000_000  # worker uid = UID_BASE + its pid: unique among live workers
+SHARED_UID = 65534  # nobody: the fallback where a user namespace does not map UID_BASE+pid
 
 LAYER_NAMES = ("network_namespace", "rlimits", "chroot", "drop_privileges", "seccomp")
 
@@ -82,8 +83,7 @@ def lockdown(
             layers[name] = "unavailable: the fabric does not run as root (no uid to switch to)"
         else:
             try:
-                step()
-                layers[name] = "active"
+                layers[name] = step() or "active"
             except Exception as exc:  # layers are independent: report it, keep the others
                 layers[name] = f"unavailable: {type(exc).__name__}: {exc}"
     return layers
@@ -119,13 +119,25 @@ def _chroot(jail: str | None) -> None:
     os.chdir("/")
 
 
-def _drop_privileges(uid: int | None, gid: int | None) -> None:
+def _drop_privileges(uid: int | None, gid: int | None) -> str | None:
+    """Switch to ``uid``/``gid``; where a user namespace maps no such id (a container with a
+    narrow uid map), to the shared ``nobody`` id instead, and say so in the layer's state
+    (``verify_threads`` then expects that id)."""
     assert uid is not None and gid is not None
     os.setgroups([])
-    os.setresgid(gid, gid, gid)
+    state = None
+    try:
+        os.setresgid(gid, gid, gid)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        uid = gid = SHARED_UID
+        os.setresgid(gid, gid, gid)
+        state = f"active: shared uid {SHARED_UID} (uid {UID_BASE}+pid is not mapped here)"
     os.setresuid(uid, uid, uid)
     if os.getuid() != uid or os.geteuid() != uid:
         raise OSError(errno.EPERM, "setresuid did not take effect")
+    return state
 
 
 def _seccomp() -> None:
@@ -176,8 +188,11 @@ def verify_threads(pid: int, layers: dict[str, str], jail: str | None) -> dict[s
     tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
 
     def fail(layer: str, what: str) -> None:
-        if out.get(layer) == "active":
+        if out.get(layer, "").startswith("active"):
             out[layer] = f"failed: {what}"
+
+    if layers.get("drop_privileges", "").startswith(f"active: shared uid {SHARED_UID} "):
+        expect_id = str(SHARED_UID)
 
     for tid in tids:
         base = f"/proc/{pid}/task/{tid}"
@@ -193,7 +208,7 @@ def verify_threads(pid: int, layers: dict[str, str], jail: str | None) -> dict[s
             and os.readlink(f"{base}/ns/net") == host_net
         ):
             fail("network_namespace", f"thread {tid} is in the fabric's network namespace")
-        if layers.get("drop_privileges") == "active":
+        if layers.get("drop_privileges", "").startswith("active"):
             for key in ("Uid", "Gid"):
                 ids = status.get(key, "").split()
                 if ids != [expect_id] * 4:
