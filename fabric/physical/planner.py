@@ -1,0 +1,373 @@
+"""Optimized logical plan -> physical plan: which engine runs each part, decided once.
+
+``plan(logical, catalog)``:
+
+- each source's Scan / VectorSearch and the Filter/Derive chain right above it is a
+  ``SourceUnit``; it runs on the shared scan pool, except a plan's lone unit over an
+  in-process source (``dataset://``, ``memory://``, or a source saying ``in_process``),
+  which runs on the caller's thread. A unit whose dynamic filters take keys from other
+  units depends on them; units are ordered key producers first;
+- a Join or Aggregate, with the Filter / Project / Sort / Limit nodes above it, is one
+  ``DuckDBRegion`` (one SQL query over its inputs' Arrow tables); the rest of a plan
+  without join or aggregate stays in pyarrow (DuckDB's fixed cost is ~0.6 ms a query);
+- a unary node runs in pyarrow unless one of its expressions has no pyarrow form: a call
+  of a registry function with neither an ``arrow`` nor an ``array`` form (and not a
+  constant the fabric folds), a correlated ``exists``, a LIKE with a non-constant
+  pattern. Then it is a ``DuckDBStep`` (in a unit's chain: the step's engine ``duckdb``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from connectors.arrow_expr import is_constant
+from dsl.ast import Call, Exists, Expr, Like, Param, unqualify
+from dsl.ast import replace as replace_expr
+from dsl.types import is_stage_param
+from fabric import functions
+from fabric.physical.nodes import (
+    CkksScore,
+    DuckDBRegion,
+    DuckDBStep,
+    Physical,
+    PhysicalError,
+    PhysicalPlan,
+    PyArrowStep,
+    SandboxCall,
+    SourceUnit,
+    StagesFirst,
+    StageTable,
+)
+from fabric.plan.nodes import (
+    Aggregate,
+    Derive,
+    EncryptedScore,
+    Filter,
+    Join,
+    Limit,
+    Plan,
+    Project,
+    Scan,
+    Sort,
+    Stage,
+    StageRef,
+    StageResult,
+    UserFunction,
+    VectorSearch,
+    WithStages,
+)
+
+INLINE_KINDS = frozenset({"dataset", "memory"})
+"""URI kinds whose sources work in process (no network I/O): a single-unit plan over one
+of them runs on the caller's thread. A source can say otherwise with ``in_process``."""
+
+NOW_PARAM = "__now"
+
+
+class PlanningError(PhysicalError):
+    """A logical plan that cannot be run (carries a hint for the user)."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+def plan(logical: Plan, catalog: Any = None) -> PhysicalPlan:
+    """The physical plan of the optimized ``logical`` plan (see the module docstring);
+    ``catalog`` answers whether a source works in process (None: by its URI kind)."""
+    units: dict[str, SourceUnit] = {}
+    root = _Planner(units).node(logical)
+    deps = {a: u.deps for a, u in units.items()}
+    order = _unit_order(units, deps)
+    if len(order) == 1 and not isinstance(logical, WithStages):
+        only = units[order[0]]
+        if _in_process(catalog, only.leaf.uri):
+            inline = dataclasses.replace(only, placement="inline")
+            units[order[0]] = inline
+            root = _swap(root, only, inline)
+    memo: dict[str, int] = {}
+
+    def depth(a: str) -> int:
+        if a not in memo:
+            memo[a] = 1 + max((depth(d) for d in deps[a]), default=-1)
+        return memo[a]
+
+    return PhysicalPlan(
+        root=root,
+        logical=logical,
+        units=dict(units),
+        order=order,
+        depth=max((depth(a) for a in units), default=0),
+        params=frozenset(plan_params(logical)),
+        schema=logical.schema,
+        headers={id(n): n.header() for n in logical.walk()},
+    )
+
+
+# ---------------------------------------------------------------- engines
+
+
+def pyarrow_lacks(e: Expr) -> str | None:
+    """Why pyarrow cannot compute ``e`` (None: it can), from the function registry."""
+    for x in e.walk():
+        if isinstance(x, Exists):
+            return f"exists({x.stage} ...) reads a stage's table"
+        if isinstance(x, Like) and not is_constant(x.pattern):
+            return "a LIKE pattern that is not a constant"
+        if isinstance(x, Call) and not (x.name == "now" and not x.args):
+            f = functions.lookup(x.name)
+            if f is None or (f.arrow is None and f.array is None):
+                if is_constant(x):
+                    continue  # folded to a value before pyarrow sees it
+                return f"{x.name}() has no pyarrow form"
+    return None
+
+
+def node_exprs(node: Plan) -> list[Expr]:
+    """The expressions a unary node evaluates."""
+    if isinstance(node, Filter):
+        return [node.predicate]
+    if isinstance(node, Derive | Project):
+        return [e for _, e, _ in node.items]
+    if isinstance(node, Sort):
+        return [k.expr for k in node.keys]
+    return []
+
+
+def exprmap(node: Plan) -> dict[Expr, str]:
+    """Expressions whose values a node outputs under a name (Project / Aggregate items)."""
+    if isinstance(node, Project):
+        return {e: n for n, e, _ in node.items}
+    if isinstance(node, Aggregate):
+        return {e: n for n, e, _ in (*node.group_by, *node.aggregates)}
+    if isinstance(node, Filter | Sort | Limit):
+        return exprmap(node.input)
+    return {}
+
+
+def unary_engine(node: Plan) -> tuple[str, str]:
+    """(engine, why) for a unary node over one table: pyarrow unless it lacks a form."""
+    from fabric.execute.sql import substitute
+
+    below = exprmap(node.children()[0]) if node.children() else {}
+    for e in node_exprs(node):
+        why = pyarrow_lacks(substitute(e, below))
+        if why is not None:
+            return "duckdb", why
+    return "pyarrow", ""
+
+
+def needs_sql(node: Plan) -> bool:
+    """A join or aggregate, or a Filter / Project / Sort / Limit above one: DuckDB."""
+    if isinstance(node, Join | Aggregate):
+        return True
+    if isinstance(node, Filter | Project | Sort | Limit):
+        return needs_sql(node.input)
+    return False
+
+
+# ---------------------------------------------------------------- building
+
+
+class _Planner:
+    def __init__(self, units: dict[str, SourceUnit]):
+        self.units = units
+
+    def node(self, n: Plan) -> Physical:
+        unit = self.unit(n)
+        if unit is not None:
+            if unit.alias in self.units:
+                raise PlanningError(f"two sources are named {unit.alias}")
+            self.units[unit.alias] = unit
+            return unit
+        if needs_sql(n):
+            return self.region(n)
+        if isinstance(n, Filter | Derive | Project | Sort | Limit):
+            engine, why = unary_engine(n)
+            child = self.node(n.input)
+            if engine == "duckdb":
+                return DuckDBStep(n, child, why)
+            return PyArrowStep(n, child)
+        if isinstance(n, StageRef | Stage):
+            return PyArrowStep(n, self.node(n.input))
+        if isinstance(n, StageResult):
+            return StageTable(n)
+        if isinstance(n, UserFunction):
+            return SandboxCall(n, self.node(n.input))
+        if isinstance(n, EncryptedScore):
+            return CkksScore(n, self.node(n.input))
+        if isinstance(n, WithStages):
+            stages = tuple(self.node(s) for s in n.stages)
+            return StagesFirst(n, stages, self.node(n.input))
+        raise PlanningError(f"cannot execute plan node {type(n).__name__}")
+
+    def unit(self, n: Plan) -> SourceUnit | None:
+        chain: list[Plan] = []
+        leaf = n
+        while isinstance(leaf, Filter | Derive):
+            chain.append(leaf)
+            leaf = leaf.input
+        if not isinstance(leaf, Scan | VectorSearch):
+            return None
+        residual = tuple(str(c) for x in chain if isinstance(x, Filter) for c in x.conjuncts)
+        if isinstance(leaf, Scan):
+            deps = frozenset(
+                c.source for d in leaf.dynamic for c in d.from_expr.columns() if c.source
+            ) - {leaf.alias}
+            filters = tuple(bind_now(f) for f in (*leaf.exact, *leaf.inexact))
+            text = {
+                "exact": tuple(str(f) for f in leaf.exact),
+                "inexact": tuple(str(f) for f in leaf.inexact),
+                "residual": residual,
+            }
+            exprs: list[Expr] = [*leaf.exact, *leaf.inexact]
+        else:
+            deps = frozenset()
+            filters = tuple(bind_now(unqualify(f)) for f in leaf.filters)
+            text = {"filters": tuple(str(f) for f in leaf.filters), "residual": residual}
+            exprs = [*leaf.filters, leaf.query]
+        for x in chain:
+            exprs += node_exprs(x)
+        requires = frozenset().union(*(stage_refs(e) for e in exprs)) if exprs else frozenset()
+        return SourceUnit(
+            n,
+            alias=leaf.alias,
+            leaf=leaf,
+            chain=tuple(chain),
+            engines=tuple(unary_engine(x)[0] for x in chain),
+            deps=deps,
+            requires=requires,
+            filters=filters,
+            text=text,
+        )
+
+    def region(self, top: Plan) -> DuckDBRegion:
+        nodes: list[Plan] = []
+        inputs: list[Physical] = []
+
+        def visit(n: Plan) -> None:
+            if not needs_sql(n) or self.unit(n) is not None:
+                inputs.append(self.node(n))
+                return
+            nodes.append(n)
+            for c in n.children():
+                visit(c)
+
+        visit(top)
+        return DuckDBRegion(top, tuple(nodes), tuple(inputs))
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _in_process(catalog: Any, uri: str) -> bool:
+    flag = None
+    if catalog is not None:
+        try:
+            flag = getattr(catalog.source(uri), "in_process", None)
+        except Exception:  # the unit reports it when it runs (same error, same place)
+            flag = None
+    if flag is not None:
+        return bool(flag)
+    return uri.partition("://")[0] in INLINE_KINDS
+
+
+def _swap(root: Physical, old: Physical, new: Physical) -> Physical:
+    """``root`` with the node ``old`` (by identity) replaced by ``new``."""
+    if root is old:
+        return new
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(root):
+        v = getattr(root, f.name)
+        if isinstance(v, Physical):
+            w = _swap(v, old, new)
+            if w is not v:
+                changes[f.name] = w
+        elif isinstance(v, tuple) and v and all(isinstance(x, Physical) for x in v):
+            w2 = tuple(_swap(x, old, new) for x in v)
+            if any(a is not b for a, b in zip(w2, v)):
+                changes[f.name] = w2
+    return dataclasses.replace(root, **changes) if changes else root
+
+
+def _unit_order(
+    units: Mapping[str, SourceUnit], deps: Mapping[str, frozenset[str]]
+) -> tuple[str, ...]:
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(a: str, stack: tuple[str, ...]) -> None:
+        if a in seen:
+            return
+        if a in stack:
+            raise PlanningError(
+                f"dynamic filters wait on each other: {' -> '.join((*stack, a))}",
+                "this is an optimizer bug; report the binding",
+            )
+        for d in sorted(deps[a]):
+            if d not in units:
+                raise PlanningError(f"dynamic filter of {a} needs source {d}, which is not a unit")
+            visit(d, (*stack, a))
+        seen.add(a)
+        order.append(a)
+
+    for a in units:
+        visit(a, ())
+    return tuple(order)
+
+
+def plan_params(plan: Plan) -> set[str]:
+    """Names of the session values a plan refers to."""
+    out: set[str] = set()
+
+    def collect(v: Any) -> None:
+        if isinstance(v, Expr):
+            out.update(v.params())
+        elif isinstance(v, tuple):
+            for x in v:
+                collect(x)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, Plan | type):
+            for f in dataclasses.fields(v):
+                collect(getattr(v, f.name))
+
+    for node in plan.walk():
+        for f in dataclasses.fields(node):
+            v = getattr(node, f.name)
+            if not isinstance(v, Plan):
+                collect(v)
+        if isinstance(node, UserFunction):
+            out.update(node.params)
+    return out
+
+
+def bind_now(e: Expr) -> Expr:
+    """``now()`` -> the ``__now`` parameter, so every source sees the same instant."""
+    return replace_expr(
+        e,
+        lambda n: (
+            Param(NOW_PARAM) if isinstance(n, Call) and n.name == "now" and not n.args else None
+        ),
+    )
+
+
+def parse_stage_param(name: str) -> tuple[str, str]:
+    """``stage:S.col`` -> (S, col); ``stage:S:list`` -> (S, ':list')."""
+    rest = name[len("stage:") :]
+    if ":" in rest:
+        stage, _, what = rest.partition(":")
+        return stage, ":" + what
+    stage, _, col = rest.partition(".")
+    return stage, col
+
+
+def stage_refs(e: Expr) -> set[str]:
+    """Names of the stages whose results ``e`` uses."""
+    out: set[str] = set()
+    for x in e.walk():
+        if isinstance(x, Exists):
+            out.add(x.stage)
+        elif isinstance(x, Param) and is_stage_param(x.name):
+            out.add(parse_stage_param(x.name)[0])
+    return out

@@ -1,0 +1,102 @@
+"""The physical plan: fixture files (binding in -> physical explain text out) and checks.
+
+Each ``tests/fixtures/physical/<case>.yaml`` (or ``.txt``: the compact text form) holds a
+binding over the in-memory tables of ``fixtures/optimizer/world.py``, a ``---- physical``
+line and the expected ``explain`` text: which parts run in DuckDB, in pyarrow, at each
+source and in parallel, before anything runs. The binding goes through the real loader,
+plan builder, optimizer and physical planner.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pyarrow as pa
+import pytest
+from fixtures.optimizer import world
+
+from dsl.ast import Call, Column, Literal
+from dsl.loader import load_text
+from dsl.parser import parse_binding_text
+from fabric.optimizer import optimize
+from fabric.physical import (
+    DuckDBRegion,
+    DuckDBStep,
+    PhysicalError,
+    PyArrowStep,
+    SourceUnit,
+    plan,
+)
+from fabric.physical.planner import pyarrow_lacks
+from fabric.plan.builder import build
+from fabric.plan.nodes import Derive, Filter, Scan
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "physical"
+CASES = sorted([*FIXTURES.glob("*.yaml"), *FIXTURES.glob("*.txt")])
+SEPARATOR = "---- physical\n"
+
+
+def _physical(path: pathlib.Path, binding: str):  # type: ignore[no-untyped-def]
+    cat = world.catalog()
+    spec = (
+        parse_binding_text(binding.strip(), str(path))
+        if path.suffix == ".txt"
+        else load_text(binding, str(path))[0]
+    )
+    return plan(optimize(build(spec, cat), cat), cat)
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_fixture(path: pathlib.Path) -> None:
+    binding, sep, expected = path.read_text().partition(SEPARATOR)
+    assert sep, f"{path.name}: no '{SEPARATOR.strip()}' line"
+    got = _physical(path, binding).explain()
+    assert got == expected.strip(), f"{path.name}:\n{got}"
+
+
+def test_engines_come_from_the_function_registry() -> None:
+    # cast has no pyarrow form; lower has one; a constant cast is folded before pyarrow
+    assert pyarrow_lacks(Call("lower", (Column("name", "m"),))) is None
+    why = pyarrow_lacks(Call("cast", (Column("id", "m"), Literal("text", "str"))))
+    assert why == "cast() has no pyarrow form"
+    assert pyarrow_lacks(Call("cast", (Literal(1, "int"), Literal("text", "str")))) is None
+
+
+def test_a_chain_step_without_pyarrow_form_runs_in_duckdb_in_its_unit() -> None:
+    cat = world.catalog()
+    text = "from memory://t/merchants as m derive s = cast(m.id as text) select m.name, s"
+    pp = plan(optimize(build(parse_binding_text(text, "<t>"), cat), cat), cat)
+    unit = pp.units["m"]
+    assert unit.placement == "inline" and unit.engines == ("duckdb",)
+    assert isinstance(pp.root, PyArrowStep)
+
+
+def test_units_run_in_parallel_unless_they_wait_for_keys() -> None:
+    path = FIXTURES / "nearby_offers.yaml"
+    pp = _physical(path, path.read_text().partition(SEPARATOR)[0])
+    assert pp.order == ("loc", "m", "c")
+    assert pp.units["m"].deps == {"loc"} and pp.units["c"].deps == {"m"}
+    assert pp.depth == 2
+    assert all(u.placement == "pool" for u in pp.units.values())
+    assert isinstance(pp.root, DuckDBRegion) and len(pp.root.inputs) == 3
+
+
+def test_nodes_are_checked_when_built() -> None:
+    cat = world.catalog()
+    scan = world.scan(cat, "m", "merchants")
+    f = Filter(scan, Column("status", "m"))
+    unit = SourceUnit(f, "m", scan, (f,), ("pyarrow",), frozenset(), frozenset(), (), {})
+    with pytest.raises(PhysicalError, match="placement"):
+        SourceUnit(f, "m", scan, (f,), ("pyarrow",), frozenset(), frozenset(), (), {}, "gpu")
+    with pytest.raises(PhysicalError, match="engines"):
+        SourceUnit(f, "m", scan, (f,), (), frozenset(), frozenset(), (), {})
+    with pytest.raises(PhysicalError, match="waits on itself"):
+        SourceUnit(f, "m", scan, (f,), ("pyarrow",), frozenset({"m"}), frozenset(), (), {})
+    other = Scan("c", "memory://t/coupons", cat.source("memory://t/coupons").schema())
+    with pytest.raises(PhysicalError, match="input"):
+        PyArrowStep(Filter(other, Column("code", "c")), unit)
+    d = Derive(scan, (("m.x", Column("id", "m"), pa.int64()),))
+    with pytest.raises(PhysicalError, match="cannot run"):
+        DuckDBStep(scan, unit)
+    with pytest.raises(PhysicalError, match="chain step"):
+        SourceUnit(d, "m", scan, (d, f), ("pyarrow", "pyarrow"), frozenset(), frozenset(), (), {})
