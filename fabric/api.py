@@ -180,7 +180,7 @@ class Fabric:
             params = compiled.bind(session)
             from fabric.execute import execute
 
-            result = execute(compiled.plan, params, self.catalog, binding=name, analyze=True)
+            result = execute(compiled.runnable, params, self.catalog, binding=name, analyze=True)
             return result.explain or compiled.explain(optimized)
         if session is not None:
             compiled.bind(session)
@@ -193,7 +193,7 @@ class Fabric:
         params = compiled.bind(session)
         from fabric.execute import execute
 
-        return execute(compiled.plan, params, self.catalog, binding=name, analyze=False)
+        return execute(compiled.runnable, params, self.catalog, binding=name, analyze=False)
 
     def compile_text(
         self, text: str, session: Mapping[str, Any] | None = None, *, python: str | None = None
@@ -215,7 +215,9 @@ class Fabric:
         params = compiled.bind(session)
         from fabric.execute import execute
 
-        return execute(compiled.plan, params, self.catalog, binding=compiled.name, analyze=analyze)
+        return execute(
+            compiled.runnable, params, self.catalog, binding=compiled.name, analyze=analyze
+        )
 
     def explain_text(
         self, text: str, session: Mapping[str, Any] | None = None, *, optimized: bool = True

@@ -1,7 +1,8 @@
 """Just-in-time compilation of bindings, the compiled-plan cache and hot reload.
 
 A binding compiles on first use: spec -> ``fabric.plan.builder.build`` (checks) ->
-``fabric.optimizer.optimize`` -> an immutable ``CompiledBinding``. Compiled bindings are
+``fabric.optimizer.optimize`` -> ``fabric.physical.plan`` (which engine runs each part)
+-> an immutable ``CompiledBinding`` holding the logical and the physical plan. Compiled bindings are
 cached by (content hash, name, catalog version); a query holds on to the object it got,
 so a recompilation never changes a plan under a running query.
 
@@ -28,6 +29,8 @@ from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.parser import attach_source, parse_binding_text
 from dsl.spec import BindingSpec, SessionParam
 from dsl.types import SessionError, ValueType, bind_session, infer_type
+from fabric.physical import PhysicalError, PhysicalPlan
+from fabric.physical import plan as physical_plan
 from fabric.plan.builder import build
 from fabric.plan.nodes import Plan
 
@@ -36,8 +39,9 @@ log = logging.getLogger("fabric.compiler")
 
 @dataclass(frozen=True)
 class CompiledBinding:
-    """A binding ready to run: its optimized plan, the logical plan it came from, and the
-    session types to bind. Immutable: a reload makes a new object."""
+    """A binding ready to run: its optimized plan, the logical plan it came from, the
+    physical plan the executor runs (built once here), and the session types to bind.
+    Immutable: a reload makes a new object."""
 
     name: str
     plan: Plan
@@ -49,6 +53,7 @@ class CompiledBinding:
     spec: BindingSpec = field(repr=False, compare=False)
     session_spans: Mapping[str, Span] = field(default_factory=dict, repr=False, compare=False)
     texts: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    physical: PhysicalPlan | None = field(default=None, repr=False, compare=False)
 
     def bind(self, values: Mapping[str, Any] | None) -> dict[str, Any]:
         """Check the session values against the declared types; the executor's params."""
@@ -57,8 +62,19 @@ class CompiledBinding:
         except SessionError as e:
             raise attach_source(e, dict(self.texts)) from None
 
-    def explain(self, optimized: bool = True) -> str:
-        return (self.plan if optimized else self.logical_plan).explain()
+    @property
+    def runnable(self) -> PhysicalPlan | Plan:
+        """What ``fabric.execute.execute`` runs: the physical plan (else the optimized one)."""
+        return self.physical if self.physical is not None else self.plan
+
+    def explain(self, optimized: bool = True, *, physical: bool | None = None) -> str:
+        """The physical plan (what runs where, before anything runs); ``physical=False``:
+        the optimized logical plan; ``optimized=False``: the logical plan as built."""
+        if not optimized:
+            return self.logical_plan.explain()
+        if physical is False or self.physical is None:
+            return self.plan.explain()
+        return self.physical.explain()
 
 
 def content_hash(text: str) -> str:
@@ -69,6 +85,14 @@ def _optimize(plan: Plan, catalog: Any) -> Plan:
     from fabric.optimizer import optimize
 
     return optimize(plan, catalog)
+
+
+def _physical(plan: Plan, catalog: Any) -> PhysicalPlan | None:
+    """The physical plan; None when the plan cannot run (the query says why, as before)."""
+    try:
+        return physical_plan(plan, catalog)
+    except PhysicalError:
+        return None
 
 
 class Compiler:
@@ -111,6 +135,7 @@ class Compiler:
             spec,
             spec.session_spans,
             dict(texts or {}),
+            _physical(plan, self.catalog),
         )
         with self._lock:
             self.compilations += 1

@@ -100,3 +100,57 @@ def test_nodes_are_checked_when_built() -> None:
         DuckDBStep(scan, unit)
     with pytest.raises(PhysicalError, match="chain step"):
         SourceUnit(d, "m", scan, (d, f), ("pyarrow", "pyarrow"), frozenset(), frozenset(), (), {})
+
+
+CONFIG = """\
+connections:
+  shop:
+    kind: memory
+    schemas:
+      merchants: {id: int, name: str, status: str}
+      orders: {id: int, merchant_id: int, amount: float}
+bindings: [agents/]
+"""
+
+SPEND = """\
+binding: spend
+sources:
+  o:
+    from: memory://shop/orders
+  m:
+    from: memory://shop/merchants
+    join: m.id = o.merchant_id
+select: [m.name, sum(o.amount) as total]
+group_by: [m.name]
+"""
+
+
+def test_the_compiler_builds_the_physical_plan_once_and_explain_shows_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    import fabric
+    from fabric.physical import PhysicalPlan
+
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "fabric.yaml").write_text(CONFIG)
+    (tmp_path / "agents" / "spend.yaml").write_text(SPEND)
+    with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as fab:
+        compiled = fab.binding("spend")
+        assert isinstance(compiled.physical, PhysicalPlan)
+        assert compiled.physical.logical is compiled.plan
+        assert fab.binding("spend").physical is compiled.physical  # cached with the plan
+        text = fab.explain("spend")  # before anything runs
+        assert text.splitlines()[:2] == [
+            "Physical plan: 2 source units on the scan pool (o, m in parallel)",
+            "DuckDB query over 2 inputs:",
+        ]
+        assert "Source unit o [scan pool]:" in text
+        # the logical plans stay available
+        assert compiled.explain(physical=False) == compiled.plan.explain()
+        assert fab.explain("spend", optimized=False) == compiled.logical_plan.explain()
+        conn = fab.catalog.connection("shop")
+        conn.add("merchants", pa.table({"id": [1], "name": ["a"], "status": ["x"]}))
+        conn.add("orders", pa.table({"id": [1, 2], "merchant_id": [1, 1], "amount": [1.0, 2.0]}))
+        fab.catalog.refresh()
+        res = fab.query("spend")
+        assert res.table.to_pylist() == [{"name": "a", "total": 3.0}]

@@ -51,6 +51,7 @@ from fabric.execute import stages as _stages
 from fabric.execute.errors import QueryError
 from fabric.execute.sql import Rel, SqlBuilder, UnresolvedColumn, quote, resolve, substitute
 from fabric.optimizer._util import units as _units
+from fabric.physical.nodes import PhysicalPlan
 from fabric.plan.nodes import (
     Aggregate,
     Derive,
@@ -77,7 +78,7 @@ DEFAULT_TIMEOUT = ScanRequest.timeout or 30.0
 
 
 def execute(
-    plan: Plan,
+    plan: Plan | PhysicalPlan,
     params: Mapping[str, Any] | None,
     catalog: Any,
     *,
@@ -90,6 +91,8 @@ def execute(
 
     ``allow_partial``: a failing source yields an empty table and ``Result.partial``
     instead of an error (for bindings that accept partial answers)."""
+    if isinstance(plan, PhysicalPlan):
+        plan = plan.logical
     return _Run(
         plan, dict(params or {}), catalog, binding, analyze, now or utcnow(), allow_partial
     ).run()
