@@ -94,19 +94,32 @@ def probe_params(expr: Expr, schema: pa.Schema) -> dict[str, Any]:
     return out
 
 
+# Samples for a session value that is not compared with a column directly but sits in
+# arithmetic (`l_shipdate < {{session.d}} + interval '1 year'`, `date '1998-12-01' -
+# {{session.delta}}`): a number, a date, an interval.
+_LOOSE_SAMPLES: tuple[Any, ...] = (0, dt.date(2000, 1, 1), dt.timedelta(days=1))
+
+
 def arrow_filter_ok(expr: Expr, schema: pa.Schema) -> bool:
-    """Whether pyarrow can evaluate ``expr`` over ``schema`` (checked on an empty table)."""
+    """Whether pyarrow can evaluate ``expr`` over ``schema`` (checked on an empty table).
+    Session values compared with a column are sampled with that column's type; the others
+    (inside arithmetic) are tried as a number, a date and an interval."""
     if any(
         c.name not in schema.names and c.name.split(".")[0] not in schema.names
         for c in expr.columns()
     ):
         return False
-    try:
-        e = to_arrow(expr, probe_params(expr, schema), now=utcnow(), schema=schema)
-        schema.empty_table().filter(e)
-        return True
-    except (NotTranslatable, KeyError, TypeError, ValueError, pa.ArrowException):
-        return False
+    typed = probe_params(expr, schema)
+    loose = [p for p in expr.params() if p not in {q.name for _, q, _ in compared_params(expr)}]
+    for sample in _LOOSE_SAMPLES if loose else (None,):
+        params = {**typed, **{p: sample for p in loose if not param_is_list(expr, p)}}
+        try:
+            e = to_arrow(expr, params, now=utcnow(), schema=schema)
+            schema.empty_table().filter(e)
+            return True
+        except (NotTranslatable, KeyError, TypeError, ValueError, pa.ArrowException):
+            continue
+    return False
 
 
 class S3Source(Source):

@@ -1,0 +1,80 @@
+"""TPC-H date ranges reach the Parquet scan: `l_shipdate < {{session.date}} + interval
+'1 year'` (Q6, Q12, Q14, Q15, Q20) and `l_shipdate <= date '1998-12-01' - {{session.delta}}`
+(Q1) are filters pyarrow can evaluate, so the S3 source must take them (EXACT) instead of
+leaving them above the scan: Q14 read 37x the lineitem rows it needed at SF 0.1.
+
+Rows fetched (res.stats) are compared with the rows the answer needs (DuckDB counting the
+lineitem rows of the query's main block): within 2x, issue 11's goal.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from benchmarks.tpch import harness as H
+from benchmarks.tpch import load
+from benchmarks.tpch.queries import QUERIES, Vocab
+from connectors.s3 import arrow_filter_ok
+from dsl.parser import parse_expr
+
+SF = 0.01
+
+LINEITEM = pa.schema([("l_shipdate", pa.date32()), ("l_quantity", pa.decimal128(15, 2))])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "l_shipdate < {{session.date}} + interval '1 year'",
+        "l_shipdate < {{session.date}} + interval '3 months'",
+        "l_shipdate >= {{session.date}} - interval '10 days'",
+        "l_shipdate <= date '1998-12-01' - {{session.delta}}",
+        "l_shipdate between {{session.date}} and {{session.date}} + interval '1 month'",
+    ],
+)
+def test_date_arithmetic_on_session_values_is_a_parquet_filter(text):
+    assert arrow_filter_ok(parse_expr(text), LINEITEM), text
+
+
+def test_a_filter_pyarrow_cannot_evaluate_still_is_not_claimed():
+    assert not arrow_filter_ok(parse_expr("l_shipdate < {{session.date}} + 'x'"), LINEITEM)
+    assert not arrow_filter_ok(parse_expr("l_nope < {{session.date}}"), LINEITEM)
+
+
+@pytest.fixture(scope="module")
+def tpch(servers, mariadb_url, pg_url, mongo_url, kafka_bootstrap, s3):
+    data = load.prepare(SF, servers)
+    fab = H.open_fabric(data)
+    try:
+        yield data, fab, H.reference(data), H.needed_connection(data), Vocab.of(data.tables)
+    finally:
+        fab.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("q06", None),
+        ("q12", None),
+        ("q14", None),
+        ("q15", None),
+        ("q01", {"delta": 2000}),  # ships before 1993-06-09 only: a small part of lineitem
+    ],
+)
+def test_lineitem_rows_fetched_within_2x_of_needed(tpch, name, params):
+    _data, fab, ref, need, vocab = tpch
+    q = QUERIES[name]
+    params = params or q.params(SF, None, vocab)
+    res = fab.query(H.binding_name(name), session=H.session_values(name, params))
+    assert H.compare(H.run_reference(ref, q, params), res.table, q.order)[0] == "ok"
+    fetched = res.stats["sources"]["l"]["rows"]
+    if name == "q15":  # lineitem is read by the stage revenue0: every row of the 3 months
+        needed = ref.sql(
+            "select count(*) from lineitem where l_shipdate >= $d "
+            "and l_shipdate < $d + interval 3 month",
+            params={"d": params["date"]},
+        ).fetchall()[0][0]
+    else:
+        needed = H.needed_rows(need, q, params, ["l"])["l"]
+    assert fetched <= 2 * needed, f"{name}: lineitem {fetched} rows fetched for {needed} needed"
