@@ -14,6 +14,7 @@ import decimal
 import math
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -83,6 +84,62 @@ def eval_constant(e: Expr, params: Mapping[str, Any], now: dt.datetime | None = 
         return None if a is None or b is None else f"{a}{b}"
     if isinstance(e, Call):
         return _constant_call(e, params, now)
+    if isinstance(e, Binary | IsNull | InList | Between | Like):
+        return _constant_condition(e, params, now)
+    raise NotTranslatable(f"cannot evaluate {e} as a constant")
+
+
+def _constant_condition(e: Expr, params: Mapping[str, Any], now: dt.datetime | None) -> Any:
+    """A condition on session values and literals alone (``{{session.n}} > 1``), with
+    SQL's three-valued logic (None is unknown), computed once by pyarrow."""
+    if isinstance(e, Binary) and e.op in ("and", "or"):
+        a, b = eval_constant(e.left, params, now), eval_constant(e.right, params, now)
+        if e.op == "and":
+            return False if a is False or b is False else None if a is None or b is None else True
+        return True if a is True or b is True else None if a is None or b is None else False
+    if isinstance(e, IsNull):
+        v = eval_constant(e.expr, params, now)
+        return (v is not None) if e.negated else (v is None)
+    const = partial(eval_constant, params=params, now=now)
+
+    def arr(v: Any) -> pa.Array:
+        return pa.array([_scalar(v)])
+
+    def cmp(op: str, x: Any, y: Any) -> Any:
+        if x is None or y is None:
+            return None
+        if isinstance(x, float) or isinstance(y, float):  # a decimal meets a float in floats
+            x, y = _num_float(x), _num_float(y)
+        return getattr(pc, _CMP[op])(arr(x), arr(y))[0].as_py()
+
+    try:
+        if isinstance(e, Binary) and e.op in _CMP:
+            return cmp(e.op, const(e.left), const(e.right))
+        if isinstance(e, Between):
+            v = const(e.expr)
+            lo, hi = cmp(">=", v, const(e.low)), cmp("<=", v, const(e.high))
+            r = False if lo is False or hi is False else None if lo is None or hi is None else True
+            return r if not e.negated or r is None else not r
+        if isinstance(e, InList):
+            v = const(e.expr)
+            items = (
+                list(params[e.items.name])
+                if isinstance(e.items, Param)
+                else [const(i) for i in e.items]
+            )
+            if not items:
+                return e.negated
+            hits = [cmp("=", v, i) for i in items]
+            r = True if True in hits else None if None in hits else False
+            return r if not e.negated or r is None else not r
+        if isinstance(e, Like):
+            v, pattern = const(e.expr), const(e.pattern)
+            if v is None or pattern is None:
+                return None
+            r = pc.match_like(arr(str(v)), str(pattern), ignore_case=e.case_insensitive)[0].as_py()
+            return not r if e.negated else r
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        raise NotTranslatable(f"cannot evaluate {e} as a constant: {err}") from None
     raise NotTranslatable(f"cannot evaluate {e} as a constant")
 
 

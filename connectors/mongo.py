@@ -227,6 +227,8 @@ class _Translator:
     def go(self, e: Expr, neg: bool = False) -> dict[str, Any]:
         if is_constant(e):
             v = True if self.probe else eval_constant(e, self.params, self.now)
+            if v is None:  # unknown: never true, nor is its negation
+                return NEVER
             if not isinstance(v, bool):
                 raise NotTranslatable(f"a constant filter must be true or false: {e}")
             return {} if v != neg else NEVER

@@ -401,6 +401,8 @@ class _Translator:
             if self.probe and e.params():
                 return sa.true()
             v = eval_constant(e, self.params, self.now)
+            if v is None:  # unknown: never true, nor is its negation
+                return _UNKNOWN
             if not isinstance(v, bool):
                 raise NotTranslatable(f"a constant filter must be true or false: {e}")
             return sa.true() if v else sa.false()

@@ -130,8 +130,11 @@ class ResidualPred(Pred):
             raise DatasetError(f"dataset {ds.name!r}: cannot apply filter {expr}: {e}") from None
 
     def _mask(self, ids: np.ndarray) -> np.ndarray:
+        rowid = pa.array(ids.astype(np.uint32))
+        if not self.cols:  # a condition on session values alone: no column to take
+            return pa.table({"__rowid": rowid}).filter(self.arrow).column("__rowid").to_numpy()
         t = self.ds._scalar_table().select(self.cols).take(pa.array(ids.astype(np.int64)))
-        t = t.append_column("__rowid", pa.array(ids.astype(np.uint32)))
+        t = t.append_column("__rowid", rowid)
         return t.filter(self.arrow).column("__rowid").to_numpy()
 
     def _estimate(self) -> Estimate:
