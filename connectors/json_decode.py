@@ -207,7 +207,7 @@ def one_object_per_line(data: bytes, n: int) -> bool:
     string columns, and skips it in fields the schema ignores; ``json.loads`` rejects it).
     Anything else (an empty value, a value spanning lines, leading blanks) goes to the
     per-message path, which decides."""
-    if data[:1] != b"{" or b"\r" in data:
+    if data[:1] != b"{" or data[-1:] == b"\n" or b"\r" in data:
         return False
     import numpy as np  # (bytes.count is ~10x slower than this for a batch)
 

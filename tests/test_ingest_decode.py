@@ -8,7 +8,7 @@ import json
 import math
 
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from connectors.json_decode import decode_json_messages
@@ -174,6 +174,7 @@ def _same(a: object, b: object) -> bool:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=st.lists(message(), min_size=1, max_size=150), min_chunk=st.sampled_from([1, 4, 64]))
+@example(values=[b"{}", b""], min_chunk=1)  # the joined batch ends with a line break
 def test_decoders_accept_exactly_what_json_loads_accepts_per_message(values, min_chunk):
     expect = [oracle(v) for v in values]
     bad = [i for i, e in enumerate(expect) if e is None]
