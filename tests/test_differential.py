@@ -630,7 +630,14 @@ FUNCTION_FILTERS: dict[str, list[str]] = {
     "trim": ["trim(s) = 'abc'"],
     "length": ["length(s) = 4", "length(c) < 3"],
     "abs": ["abs(i) > 10", "abs(d) < 0.05"],
-    "round": ["round(d, 1) = 0.1", "round(d) = 0", "round(i) > 5"],
+    "round": [
+        "round(d, 1) = 0.1",
+        "round(d) = 0",
+        "round(i) > 5",
+        "round(f) = 3",  # 2.5: half away from zero in every engine that rounds floats
+        "round(f, 2) = 1.13",  # 1.125
+        "round(f, 1) = -1.5",
+    ],
     "floor": ["floor(d) = 0", "floor(f) = 1"],
     "ceil": ["ceil(d) = 1", "ceil(f) > 1"],
     "coalesce": ["coalesce(i, -1) = -1", "coalesce(s, 'none') = 'none'"],
