@@ -20,12 +20,14 @@ __all__ = [
     "FabricConfig",
     "SessionError",
     "UnknownBindingError",
+    "connect",
     "load_config",
     "open",
 ]
 
 _LAZY = {
     "open": "fabric.api",
+    "connect": "fabric.service.client",
     "Fabric": "fabric.api",
     "UnknownBindingError": "fabric.api",
     "CompiledBinding": "fabric.compiler",

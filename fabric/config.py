@@ -50,6 +50,7 @@ TOP_KEYS = (
     "sandbox",
     "server",
     "ingest",
+    "agents",
 )
 CONNECTION_KINDS = ("mysql", "postgres", "sql", "mongo", "s3", "file", "kafka", "memory")
 #: options each connection kind accepts (besides kind, schemas, description)
@@ -155,6 +156,8 @@ SERVER_KEYS = (
     "keep_alive",
     "max_connections",
     "max_header_bytes",
+    "flight_port",
+    "query_workers",
 )
 INGEST_KEYS = ("checkpoint_dir", "group_prefix", "batch_size", "enabled")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -268,6 +271,10 @@ class ServerConfig:
     keep_alive: float = 5.0
     max_connections: int = 1000
     max_header_bytes: int = 16_384
+    #: Arrow Flight port for queries (``agents:`` given); 0 picks a free one
+    flight_port: int = 8815
+    #: queries run at once, shared fairly between agents (fabric.service.auth)
+    query_workers: int = 4
 
 
 @dataclass(frozen=True)
@@ -290,6 +297,8 @@ class FabricConfig:
     sandbox: SandboxConfig = SandboxConfig()
     server: ServerConfig = ServerConfig()
     ingest: IngestConfig = IngestConfig()
+    #: ``agents:`` (fabric.service.auth.AgentConfig by name): who may query over the wire
+    agents: Mapping[str, Any] = field(default_factory=dict)
 
     def binding_files(self) -> list[Path]:
         """Every binding file: directories (``*.yaml``/``*.yml`` recursively), globs and files,
@@ -419,10 +428,13 @@ def _load_text(
     sandbox = section("sandbox", _sandbox, SandboxConfig())
     server = section("server", _server, ServerConfig())
     ingest = section("ingest", _ingest, IngestConfig())
+    from fabric.service.auth import parse_agents
+
+    agents = section("agents", parse_agents, {})
     if L.problems:
         raise DslError(L.problems)
     return FabricConfig(
-        path, root, conns, datasets, bindings, signals, crypto, sandbox, server, ingest
+        path, root, conns, datasets, bindings, signals, crypto, sandbox, server, ingest, agents
     )
 
 
@@ -849,6 +861,10 @@ def _server(L: _Loader, doc: YamlMap) -> ServerConfig:
         kw["max_connections"] = y.integer(m, "max_connections", "max_connections", 1)
     if "max_header_bytes" in m:
         kw["max_header_bytes"] = y.integer(m, "max_header_bytes", "max_header_bytes", 1024)
+    if "flight_port" in m:
+        kw["flight_port"] = y.integer(m, "flight_port", "flight_port", 0)
+    if "query_workers" in m:
+        kw["query_workers"] = y.integer(m, "query_workers", "query_workers", 1)
     return ServerConfig(**kw)
 
 

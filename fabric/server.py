@@ -84,9 +84,11 @@ class FreshnessCollector:
         for name, s in src.items():
             for key, fam in families.items():
                 v = s[key]
-                fam.add_metric([name], float(v) if v is not None else float("nan"))
-            ingested.add_metric([name], s["ingested_total"])
-            dead.add_metric([name], s["dead_letter_total"])
+                if v is not None:  # a lag not measured (or not a log) exports no series
+                    fam.add_metric([name], float(v))
+            if s.get("kind") == "kafka":  # only a log is ingested message by message
+                ingested.add_metric([name], s["ingested_total"])
+                dead.add_metric([name], s["dead_letter_total"])
             errored.add_metric([name], 1.0 if s["last_error"] else 0.0)
         bstale = GaugeMetricFamily(
             "fabric_binding_stale", "1 if the binding reads a stale source", labels=["binding"]
@@ -117,9 +119,14 @@ def create_app(
     emitter: SignalEmitter | None = None,
     health: Callable[[], dict[str, Any]] | None = None,
     ready: Callable[[], dict[str, Any]] | None = None,
+    routes: Sequence[Route] = (),
+    collectors: Sequence[Any] = (),
 ) -> Starlette:
+    """``routes`` and ``collectors``: the query service's (fabric.service), when served."""
     registry = CollectorRegistry()
     registry.register(FreshnessCollector(tracker, emitter))
+    for c in collectors:
+        registry.register(c)
 
     async def freshness(request: Request) -> Response:
         snap = tracker.snapshot()
@@ -202,6 +209,7 @@ def create_app(
             Route("/v1/events", events),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            *routes,
         ]
     )
 
@@ -396,6 +404,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="open connections at most (default: server.max_connections, else 1000)",
     )
+    p.add_argument(
+        "--flight-port",
+        type=int,
+        help="Arrow Flight port for queries when fabric.yaml has agents: (default: "
+        "server.flight_port, else 8815; 0 picks a free port)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     for flag, v in (
@@ -419,23 +433,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    fab: Any = None
     try:
-        service = FabricService.from_config_file(path)
+        from fabric.config import load_config
+
+        config = load_config(path)
+        if config.agents:  # queries are served: the whole fabric (compiler, watcher, catalog)
+            import fabric
+
+            fab = fabric.open(config)
+            service = fab.service
+        else:
+            service = FabricService.from_config(config)
     except Exception as exc:  # config errors are already formatted with file:line:col
         print(f"fabric serve: {mask(exc)}", file=sys.stderr)
         return 2
-    service.start()
-    app = create_app(
-        service.tracker, emitter=service.emitter, health=service.health, ready=service.readiness
-    )
+    if fab is None:
+        service.start()
+    routes: list[Route] = []
+    collectors: list[Any] = []
+    flight: Any = None
     try:
         host = args.host or getattr(service.server_config, "host", None) or "127.0.0.1"
+        if fab is not None:
+            from fabric.service import http as service_http
+            from fabric.service.core import QueryService
+            from fabric.service.flight import FlightThread
+
+            qs = QueryService(fab)
+            routes, collectors = service_http.routes(qs), [qs.metrics]
+            fport = args.flight_port
+            if fport is None:
+                fport = getattr(service.server_config, "flight_port", 8815)
+            flight = FlightThread(qs, host, fport).start()
+        app = create_app(
+            service.tracker,
+            emitter=service.emitter,
+            health=service.health,
+            ready=service.readiness,
+            routes=routes,
+            collectors=collectors,
+        )
         port = args.port if args.port is not None else getattr(service.server_config, "port", 8765)
         srv = ServerThread(app, host, port, limits=_limits(service.server_config, args))
     except OSError as exc:
-        service.stop()
+        if flight is not None:
+            flight.stop()
+        if fab is not None:
+            fab.close()
+        else:
+            service.stop()
         print(str(exc), file=sys.stderr)
         return 2
+    if flight is not None:
+        print(f"fabric serve: queries on {flight.url} (Arrow Flight)", flush=True)
     log.info(
         "fabric serve: %s (freshness %s/v1/freshness, metrics %s/metrics)",
         srv.url,
@@ -458,7 +509,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
     finally:
         srv.stop()
-        service.stop()
+        if flight is not None:
+            flight.stop()
+        if fab is not None:
+            fab.close()
+        else:
+            service.stop()
         for s, h in old.items():
             signal.signal(s, h)
     return 0

@@ -1,0 +1,500 @@
+"""One fabric for many agents (issue 15): the real ``fabric serve`` in a subprocess with
+``agents:``, the seed data in the real servers, queried over Arrow Flight
+(``fabric.connect``), HTTP and ADBC Flight SQL, compared with an embedded ``fab.query``
+over the same fabric.yaml; refusals (no token, a binding not granted, python not granted,
+a pinned session value) checked to run nothing on the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import fabric
+from fabric.service import errors as E
+from fabric.service import wire
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = ROOT / "examples" / "seed"
+TOKENS = {
+    "alice": "alice-token-0123456789",
+    "bob": "bob-token-0123456789ab",
+    "carol": "carol-token-0123456789",
+    "flood": "flood-token-0123456789",
+}
+
+AGENTS = """
+agents:
+  alice: {token: "${SVC_ALICE}", bindings: ["*"], query_text: true, python: true,
+          datasets: [news]}
+  bob:   {token: "${SVC_BOB}", bindings: [nearby_offers], pin: {user_id: 7}}
+  carol: {token_file: carol.token, bindings: ["top_*"], query_text: true}
+  flood: {token: "${SVC_FLOOD}", bindings: ["*"], max_concurrent: 1}
+server: {query_workers: 2}
+"""
+
+
+def _fabric_yaml(work: Path, topic: str) -> Path:
+    """The seed's fabric.yaml and bindings in ``work``, reading this run's location topic,
+    with a consumer group and state dir of its own per process (FABRIC_GROUP)."""
+    shutil.copytree(SEED / "agents", work / "agents")
+    nearby = work / "agents" / "nearby_offers.yaml"
+    nearby.write_text(nearby.read_text().replace("location_stream", topic))
+    text = (SEED / "fabric.yaml").read_text()
+    text = re.sub(
+        r"^ingest:.*$",
+        'ingest: {checkpoint_dir: "${FABRIC_STATE_DIR}", group_prefix: "${FABRIC_GROUP}"}',
+        text,
+        flags=re.M,
+    )
+    (work / "carol.token").write_text(TOKENS["carol"] + "\n")
+    path = work / "fabric.yaml"
+    path.write_text(text + AGENTS)
+    return path
+
+
+class Served:
+    """``fabric serve`` in a subprocess; its HTTP and Flight addresses from its stdout."""
+
+    def __init__(self, config: Path, env: dict[str, str]):
+        self.proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "fabric", "serve", "--config", str(config)),
+                *("--port", "0", "--flight-port", "0", "--log-level", "warning"),
+            ],
+            cwd=config.parent,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.http = self.grpc = ""
+        deadline = time.time() + 120
+        while not self.http and time.time() < deadline:
+            line = self.proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                raise RuntimeError(f"fabric serve ended: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+            if m := re.search(r"queries on (grpc://\S+)", line):
+                self.grpc = m.group(1)
+            if m := re.search(r"listening on (http://\S+)", line):
+                self.http = m.group(1)
+        assert self.grpc and self.http
+        while time.time() < deadline:  # ready: every Kafka-fed dataset caught up once
+            try:
+                with urllib.request.urlopen(self.http + "/readyz", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.3)
+
+    def post(
+        self, path: str, body: Any, token: str | None = None, accept: str | None = None
+    ) -> tuple[int, bytes, str]:
+        req = urllib.request.Request(
+            self.http + path, data=json.dumps(body).encode(), method="POST"
+        )
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        if accept:
+            req.add_header("Accept", accept)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read(), r.headers.get("content-type", "")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), e.headers.get("content-type", "")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.http + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def world(
+    tmp_path_factory: pytest.TempPathFactory, test_run_id: str, servers: Any
+) -> Iterator[dict[str, Any]]:
+    sys.path.insert(0, str(ROOT))
+    from crypto import KeyRing
+    from examples.seed.data import generate
+    from examples.seed.load import environment, load_all
+
+    work = tmp_path_factory.mktemp("service")
+    prefix = f"svc_{test_run_id}".replace("-", "_")
+    env = environment(prefix)
+    env["FABRIC_LOCATION_TOPIC"] = f"{prefix}_locations"
+    ring = KeyRing.generate()
+    (work / "agent.pub").write_bytes(ring.public_context())
+    env["FABRIC_AGENT_PUBLIC_CONTEXT"] = str(work / "agent.pub")
+    data = generate(users=30, merchants=1000, coupons=3000, orders=5000, news=500)
+    load_all(env, data)
+    config = _fabric_yaml(work, env["FABRIC_LOCATION_TOPIC"])
+    base = {**os.environ, **env}
+    base.update(SVC_ALICE=TOKENS["alice"], SVC_BOB=TOKENS["bob"], SVC_FLOOD=TOKENS["flood"])
+    server_env = {**base, "FABRIC_STATE_DIR": str(work / "srv"), "FABRIC_GROUP": f"{prefix}_srv"}
+    served = Served(config, server_env)
+    old = dict(os.environ)
+    os.environ.update({**base, "FABRIC_STATE_DIR": str(work / "emb"), "FABRIC_GROUP": prefix})
+    emb = fabric.open(config)
+    try:
+        assert emb.catch_up(60)
+        ds = emb.dataset("news")
+        t0 = time.time()
+        while ds.count() < data["news"].num_rows and time.time() - t0 < 60:
+            time.sleep(0.2)
+        yield {"served": served, "emb": emb, "data": data, "ring": ring, "work": work}
+    finally:
+        emb.close()
+        served.stop()
+        os.environ.clear()
+        os.environ.update(old)
+        _cleanup(env)
+
+
+def _cleanup(env: dict[str, str]) -> None:
+    import contextlib
+
+    import sqlalchemy as sa
+    from confluent_kafka.admin import AdminClient
+    from pymongo import MongoClient
+
+    with contextlib.suppress(Exception):
+        server, _, db = env["FABRIC_SHOP_URL"].rpartition("/")
+        eng = sa.create_engine(server + "/")
+        with eng.begin() as c:
+            c.execute(sa.text(f"DROP DATABASE IF EXISTS `{db}`"))
+        eng.dispose()
+    with contextlib.suppress(Exception):
+        MongoClient(env["FABRIC_MONGO_URL"]).drop_database(env["FABRIC_CRM_DB"])
+    with contextlib.suppress(Exception):
+        admin = AdminClient({"bootstrap.servers": env["FABRIC_KAFKA_BOOTSTRAP"]})
+        admin.delete_topics([env["FABRIC_LOCATION_TOPIC"], env["FABRIC_NEWS_TOPIC"]])
+
+
+def _sessions(world: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    from examples.seed.data import hash_embed
+
+    q = [float(x) for x in hash_embed(["how did the US market open today"])[0]]
+    out: list[tuple[str, dict[str, Any]]] = []
+    for user in (1, 3, 7, 12, 20):
+        out.append(("nearby_offers", {"user_id": user}))
+        out.append(("top_category_last_week", {"user_id": user}))
+    out.append(("market_open_news", {"query_vec": q, "symbols": ["AAPL", "NVDA", "SPY"]}))
+    return out
+
+
+def _rows(table: pa.Table) -> list[dict[str, Any]]:
+    return table.to_pylist()
+
+
+def test_seed_bindings_over_flight_http_and_adbc_equal_embedded(world) -> None:
+    served, emb = world["served"], world["emb"]
+    remote = fabric.connect(served.grpc, token=TOKENS["alice"])
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    adbc = flightsql.connect(
+        served.grpc, db_kwargs={"adbc.flight.sql.authorization_header": f"Bearer {TOKENS['alice']}"}
+    )
+    answered = 0
+    for name, session in _sessions(world):
+        want = emb.query(name, session)
+        got = remote.query(name, session)
+        assert _rows(got.table) == _rows(want.table), (name, session)
+        assert got.table.schema.names == want.table.schema.names
+        assert set(got.freshness) == set(want.freshness)
+        assert {a: f["status"] for a, f in got.freshness.items()} == {
+            a: f["status"] for a, f in want.freshness.items()
+        }
+        assert set(got.stats["sources"]) == set(want.stats["sources"])
+        status, body, ctype = served.post(
+            f"/v1/query/{name}", {"session": wire.encode_session(session)}, TOKENS["alice"]
+        )
+        assert status == 200 and ctype.startswith("application/json"), body
+        obj = json.loads(body)
+        assert [wire.decode_value(r) for r in obj["rows"]] == _rows(want.table)
+        assert set(obj["freshness"]) == set(want.freshness) and "sources" in obj["stats"]
+        status, body, ctype = served.post(
+            f"/v1/query/{name}",
+            {"session": wire.encode_session(session)},
+            TOKENS["alice"],
+            accept="application/vnd.apache.arrow.stream",
+        )
+        assert status == 200 and ctype == "application/vnd.apache.arrow.stream"
+        ipc = pa.ipc.open_stream(body).read_all()
+        assert _rows(ipc) == _rows(want.table)
+        assert json.loads(ipc.schema.metadata[b"fabric.freshness"]).keys() == want.freshness.keys()
+        if name != "market_open_news":  # vectors do not fit a one-line statement
+            cur = adbc.cursor()
+            cur.execute(f"{name} {json.dumps(session)}")
+            assert _rows(cur.fetch_arrow_table()) == _rows(want.table)
+            cur.close()
+        answered += bool(want.table.num_rows)
+    assert answered >= 6
+    adbc.close()
+    remote.close()
+
+
+def test_query_text_explain_validate_freshness_and_upsert_remote(world) -> None:
+    served, emb = world["served"], world["emb"]
+    remote = fabric.connect(served.grpc, token=TOKENS["alice"])
+    text = "from mysql://shop/merchants as m where m.status = 'active' select m.id, m.name order by m.id limit 5"
+    assert _rows(remote.query_text(text).table) == _rows(emb.query_text(text).table)
+    status, body, _ = served.post("/v1/query_text", {"text": text}, TOKENS["alice"])
+    assert status == 200 and len(json.loads(body)["rows"]) == 5
+    assert remote.explain("nearby_offers") == emb.explain("nearby_offers")
+    status, body, _ = served.post("/v1/explain/nearby_offers", {}, TOKENS["alice"])
+    assert status == 200 and json.loads(body)["plan"] == emb.explain("nearby_offers")
+    assert remote.validate() == [] and emb.validate() == []
+    fresh = remote.freshness()
+    assert "news" in fresh["sources"]
+    names = {b["name"]: b for b in remote.bindings()}
+    assert names["nearby_offers"]["schema"]["properties"]["user_id"]["type"] == "integer"
+    assert (
+        "user_id"
+        not in fabric.connect(served.grpc, token=TOKENS["bob"]).bindings()[0]["schema"][
+            "properties"
+        ]
+    )
+    # a session value of the wrong type is refused by the server, with the embedded message
+    with pytest.raises(E.BadRequest, match="user_id") as exc:
+        remote.query("nearby_offers", {"user_id": "seven"})
+    with pytest.raises(fabric.SessionError) as emb_exc:
+        emb.query("nearby_offers", {"user_id": "seven"})
+    assert emb_exc.value.diagnostics[0].message in str(exc.value)
+    # upsert into the served dataset; the served query sees it at once
+    import datetime as dt
+
+    from examples.seed.data import hash_embed
+
+    q = [float(x) for x in hash_embed(["zebra crossing quarterly results"])[0]]
+    row = world["data"]["news"].slice(0, 1).to_pylist()[0]
+    row = {
+        **row,
+        "id": "svc-upsert-1",
+        "body": "zebra crossing quarterly results",
+        "symbol": "AAPL",
+        "embedding": q,
+        "published_at": dt.datetime.now(dt.UTC),
+    }
+    schema = world["data"]["news"].schema
+    n = remote.dataset("news").upsert(pa.Table.from_pylist([row], schema=schema))
+    assert n == 1
+    res = remote.query("market_open_news", {"query_vec": q, "symbols": ["AAPL"]})
+    assert "svc-upsert-1" in res.table.column("id").to_pylist()
+    with pytest.raises(E.Forbidden, match="may not write dataset 'news'"):
+        fabric.connect(served.grpc, token=TOKENS["carol"]).dataset("news").upsert(
+            pa.Table.from_pylist([row], schema=schema)
+        )
+
+
+def _source_rows(served: Served) -> dict[str, float]:
+    out = {}
+    for line in served.metrics().splitlines():
+        if m := re.match(r'fabric_source_rows_total\{source="([^"]+)"\} (\S+)', line):
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def test_refused_requests_say_why_and_run_nothing(world) -> None:
+    served = world["served"]
+    before = _source_rows(served)
+    # no token / an unknown token
+    with pytest.raises(E.Unauthenticated, match="no token"):
+        fabric.connect(served.grpc).query("top_category_last_week", {"user_id": 1})
+    with pytest.raises(E.Unauthenticated, match="unknown token"):
+        fabric.connect(served.grpc, token="x" * 20).query("top_category_last_week", {"user_id": 1})
+    status, body, _ = served.post("/v1/query/top_category_last_week", {"session": {"user_id": 1}})
+    assert status == 401 and b"no token" in body
+    # a binding not granted
+    bob = fabric.connect(served.grpc, token=TOKENS["bob"])
+    with pytest.raises(E.Forbidden, match="may not run binding 'top_category_last_week'"):
+        bob.query("top_category_last_week", {"user_id": 1})
+    status, body, _ = served.post(
+        "/v1/query/top_category_last_week", {"session": {"user_id": 1}}, TOKENS["bob"]
+    )
+    assert status == 403 and b"may not run binding" in body
+    # query_text not granted; python not granted (the snippet never reaches a sandbox)
+    with pytest.raises(E.Forbidden, match="may not send text queries"):
+        bob.query_text("from mysql://shop/orders as o select o.id limit 1")
+    carol = fabric.connect(served.grpc, token=TOKENS["carol"])
+    snippet = "def run(table):\n    return table\n"
+    with pytest.raises(E.Forbidden, match="may not send python snippets"):
+        carol.query_text("from mysql://shop/orders as o select o.id limit 1", python=snippet)
+    status, body, _ = served.post(
+        "/v1/query_text",
+        {"text": "from mysql://shop/orders as o select o.id limit 1", "python": snippet},
+        TOKENS["carol"],
+    )
+    assert status == 403 and b"python" in body
+    # a pinned session value cannot be overridden; left out, the pin is used
+    with pytest.raises(E.Forbidden, match="'user_id' is pinned"):
+        bob.query("nearby_offers", {"user_id": 3})
+    assert _source_rows(served) == before  # none of the above read a source
+    res = bob.query("nearby_offers")
+    assert _rows(res.table) == _rows(world["emb"].query("nearby_offers", {"user_id": 7}).table)
+    text = served.metrics()
+    assert 'fabric_query_errors_total{agent="bob",kind="forbidden"}' in text
+    assert 'fabric_query_errors_total{agent="-",kind="unauthenticated"}' in text
+
+
+def test_metrics_have_no_nan_and_query_series(world) -> None:
+    served = world["served"]
+    fabric.connect(served.grpc, token=TOKENS["alice"]).query(
+        "top_category_last_week", {"user_id": 2}
+    )
+    text = served.metrics()
+    assert "NaN" not in text
+    assert re.search(r'fabric_query_seconds_count\{binding="top_category_last_week"', text)
+    assert re.search(r'fabric_source_rows_total\{source="mysql://shop/orders"\} \d', text)
+    assert re.search(r'fabric_agent_active_queries\{agent="alice",state="running"\} 0', text)
+    assert "fabric_build_info{" in text
+    # only Kafka-fed sources export an ingested counter
+    for line in text.splitlines():
+        if line.startswith("fabric_source_ingested_total{"):
+            assert 'source="news"' in line, line
+
+
+def test_changed_binding_file_is_served_at_once(world) -> None:
+    served, work = world["served"], world["work"]
+    remote = fabric.connect(served.grpc, token=TOKENS["alice"])
+    path = work / "agents" / "svc_reload.yaml"
+    body = (
+        "binding: top_merchants\ndescription: a few active merchants\nsources:\n"
+        "  m: {{from: mysql://shop/merchants, where: \"status = 'active'\"}}\n"
+        "select: [m.id]\norder_by: m.id\nlimit: {n}\n"
+    )
+    path.write_text(body.format(n=2))
+    try:
+        deadline = time.time() + 10
+        while True:
+            try:
+                assert remote.query("top_merchants").table.num_rows == 2
+                break
+            except E.NotFound:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        path.write_text(body.format(n=4))
+        deadline = time.time() + 10
+        while remote.query("top_merchants").table.num_rows != 4:
+            assert time.time() < deadline, "the changed binding was not served"
+            time.sleep(0.2)
+    finally:
+        path.unlink()
+
+
+def _p50(fab: Any, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fab.query("top_category_last_week", {"user_id": 3})
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@pytest.mark.slow
+def test_a_flooding_agent_does_not_starve_another(world) -> None:
+    served = world["served"]
+    alice = fabric.connect(served.grpc, token=TOKENS["alice"])
+    _p50(alice, 10)  # warm
+    unloaded = _p50(alice, 60)
+    stop = threading.Event()
+    flooded = [0]
+
+    def flood() -> None:
+        f = fabric.connect(served.grpc, token=TOKENS["flood"])
+        while not stop.is_set():
+            try:
+                f.query("top_category_last_week", {"user_id": 5})
+                flooded[0] += 1
+            except E.Busy:
+                pass
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(12)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    try:
+        loaded = _p50(alice, 60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert flooded[0] > 60, flooded  # the flood really ran alongside
+    assert loaded < 2 * unloaded, (loaded, unloaded)
+
+
+@pytest.mark.parametrize(
+    ("agents", "message", "line"),
+    [
+        ("  a: {token: short}\n", "a token needs at least 16 characters", 2),
+        ("  a: {token: '${SVC_UNSET_VAR}'}\n", "environment variable SVC_UNSET_VAR is not set", 2),
+        ("  a:\n    token: x0123456789abcdef\n    tokn: 1\n", "tokn", 4),
+        (
+            "  a: {token: x0123456789abcdef, python: true}\n",
+            "python: true needs query_text: true",
+            2,
+        ),
+        ("  a: {bindings: ['*']}\n", "needs exactly one of token: or token_file:", 2),
+        ("  a: {token_file: missing.token}\n", "cannot read token_file", 2),
+        (
+            "  a: {token: x0123456789abcdef}\n  b: {token: x0123456789abcdef}\n",
+            "same token as agent a",
+            3,
+        ),
+    ],
+)
+def test_agents_config_errors_have_positions(tmp_path, agents, message, line) -> None:
+    path = tmp_path / "fabric.yaml"
+    path.write_text("agents:\n" + agents)
+    with pytest.raises(fabric.DslError) as exc:
+        fabric.load_config(path)
+    d = exc.value.diagnostics[0]
+    assert message in d.message or message in str(d.format()), d.format()
+    assert d.span is not None and d.span.line == line and d.span.file.endswith("fabric.yaml")
+
+
+def test_fair_scheduler_round_robin_between_agents() -> None:
+    from fabric.service.auth import AgentConfig, FairScheduler
+
+    s = FairScheduler(1)
+    a = AgentConfig("a", "t" * 16, max_concurrent=1)
+    b = AgentConfig("b", "u" * 16, max_concurrent=1)
+    s.acquire(a)
+    order: list[str] = []
+
+    def want(agent: AgentConfig) -> None:
+        s.acquire(agent)
+        order.append(agent.name)
+        s.release(agent)
+
+    threads = [threading.Thread(target=want, args=(a,)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # a's three are queued first
+    tb = threading.Thread(target=want, args=(b,))
+    tb.start()
+    time.sleep(0.2)
+    s.release(a)
+    for t in [*threads, tb]:
+        t.join(5)
+    assert order.index("b") <= 1, order  # b is served next, not after a's whole backlog
