@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from connectors.base import Source
+from connectors.sql_drivers import MYSQL_DRIVERS
 from tests.connectors import data
 from tests.connectors.conformance import ConnectorConformance
 from tests.servers import TopicFactory
@@ -50,6 +51,7 @@ def _load_sql(url: str, name: str) -> None:
 class SqlConformance(ConnectorConformance):
     unsupported = {"keyword_match": "match() has no portable SQL form; the fabric applies it"}
     kind = "mysql"
+    driver: str | None = None  # None: the connection's default (the fastest installed)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -58,7 +60,11 @@ class SqlConformance(ConnectorConformance):
 
         url = request.getfixturevalue(cls.url_fixture)
         _load_sql(url, "merchants")
-        conn = SqlConnection("shop", {"kind": cls.kind, "url": url})
+        opts = {"kind": cls.kind, "url": url}
+        if cls.driver:
+            pytest.importorskip(dict(MYSQL_DRIVERS)[cls.driver])
+            opts["driver"] = cls.driver
+        conn = SqlConnection("shop", opts)
         yield conn
         conn.close()
 
@@ -69,6 +75,14 @@ class SqlConformance(ConnectorConformance):
 
 class TestMariaDB(SqlConformance):
     url_fixture = "mariadb_url"
+
+
+class TestMariaDBPyMySQL(SqlConformance):
+    """The pure-Python driver every install has (the fallback when MariaDB Connector/C
+    is not installed) gives the same answers."""
+
+    url_fixture = "mariadb_url"
+    driver = "pymysql"
 
 
 class TestPostgres(SqlConformance):
