@@ -11,6 +11,7 @@ ingest from the last checkpoint to the broker's end (up to ``--catch-up`` second
 stderr; the binding's ``on_stale`` decides what a source still behind does. ``--catch-up
 0`` answers from the last checkpoint without ingesting (the lag still comes from the broker).
 fabric serve ...   (fabric.server)
+fabric mcp ...     (fabric.service.mcp)
 fabric demo ...    (fabric.demo)
 """
 
@@ -272,13 +273,17 @@ def _parser() -> argparse.ArgumentParser:
         "serve", help="serve freshness signals and metrics (fabric.server)", add_help=False
     )
     sub.add_parser("demo", help="run the seed scenarios end to end (fabric.demo)", add_help=False)
+    sub.add_parser(
+        "mcp", help="serve the bindings as MCP tools (fabric.service.mcp)", add_help=False
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("serve", "demo"):
-        return cmd_delegate(f"fabric.{'server' if argv[0] == 'serve' else 'demo'}", argv[1:])
+    if argv and argv[0] in ("serve", "demo", "mcp"):
+        module = {"serve": "fabric.server", "demo": "fabric.demo", "mcp": "fabric.service.mcp"}
+        return cmd_delegate(module[argv[0]], argv[1:])
     args = _parser().parse_args(argv)
     from connectors.base import SourceError
     from connectors.credentials import mask
