@@ -45,6 +45,13 @@ OFFLINE_CAPABILITIES: dict[str, frozenset[str]] = {
     "dataset": frozenset({"projection", "limit", "vector_search"}),
 }
 SQL_KINDS = ("mysql", "postgres", "sql")
+FILE_KINDS = ("s3", "file")
+
+
+def _interchangeable(a: str, b: str) -> bool:
+    """A mysql:// source reads any SQL connection and an s3:// source a local directory
+    (``kind: file``), so one binding runs on the full servers and on embedded defaults."""
+    return (a in SQL_KINDS and b in SQL_KINDS) or (a in FILE_KINDS and b in FILE_KINDS)
 
 
 class DeclaredSource(Source):
@@ -212,7 +219,7 @@ class Catalog:
                 span,
                 did_you_mean(conn_name, self.config.connections, "connections"),
             )
-        if cc is not None and kind != cc.kind and not (kind in SQL_KINDS and cc.kind in SQL_KINDS):
+        if cc is not None and kind != cc.kind and not _interchangeable(kind, cc.kind):
             raise DslError.at(
                 f"connection '{conn_name}' is a {cc.kind} connection, not {kind}",
                 span,

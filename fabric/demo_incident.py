@@ -13,6 +13,7 @@ the dataset exactly once.
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import socket
 import sys
 import tempfile
@@ -51,11 +52,10 @@ def _headlines(n: int, start: int = 0) -> pa.Table:
     )
 
 
-def run(env: dict[str, str], check: Any) -> None:
+def run(env: dict[str, str], check: Any, *, cleanup_topic: bool = False) -> None:
     import os
 
     sys.path.insert(0, str(ROOT))
-    import fabric
     from examples.scheduler.scheduler import Scheduler, listen_udp
     from examples.seed.load import produce
     from fabric.demo import title
@@ -74,9 +74,13 @@ def run(env: dict[str, str], check: Any) -> None:
     stop = threading.Event()
     listen_udp(sched, "127.0.0.1", port, stop)
     events: list[Mapping[str, Any]] = []
+    peak = [0]  # the largest lag any signal reported
     orig = sched.on_signal
 
     def on_signal(event: Mapping[str, Any]) -> None:
+        lag = event.get("lag_messages")
+        if isinstance(lag, int) and lag > peak[0]:
+            peak[0] = lag
         if event.get("event") in ("data_stale", "data_fresh"):
             events.append(event)
             log(
@@ -95,13 +99,48 @@ def run(env: dict[str, str], check: Any) -> None:
     ]:
         sched.add_agent(name, [binding])
     produce(env["FABRIC_KAFKA_BOOTSTRAP"], topic, _headlines(1_000), "id", recreate=True)
+    state = tempfile.mkdtemp(prefix="fabric-incident-")
     os.environ.update(
         {
             "FABRIC_HEADLINES_TOPIC": topic,
             "FABRIC_SCHEDULER_PORT": str(port),
-            "FABRIC_STATE_DIR": tempfile.mkdtemp(prefix="fabric-incident-"),
+            "FABRIC_STATE_DIR": state,
         }
     )
+    try:
+        _incident(env, check, topic, sched, events, timeline, log, stop, t0, peak)
+    finally:
+        stop.set()
+        shutil.rmtree(state, ignore_errors=True)  # the dataset's checkpoints (~30 MB)
+        if cleanup_topic:  # on the shared servers: do not leave 10^5 messages behind
+            _delete_topic(env["FABRIC_KAFKA_BOOTSTRAP"], topic)
+
+
+def _delete_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        for f in AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic]).values():
+            f.result(timeout=10)
+    except Exception as e:  # the demo's answer stands; say what is left behind
+        print(f"  (could not delete the demo topic {topic}: {e})")
+
+
+def _incident(
+    env: dict[str, str],
+    check: Any,
+    topic: str,
+    sched: Any,
+    events: list[Mapping[str, Any]],
+    timeline: list[str],
+    log: Any,
+    stop: threading.Event,
+    t0: float,
+    peak: list[int],
+) -> None:
+    import fabric
+    from examples.seed.load import produce
+
     with fabric.open(CONFIG) as fab:
         ds = fab.dataset("headlines")
         while ds.count() < 1_000 and time.time() - t0 < 60:
@@ -135,9 +174,14 @@ def run(env: dict[str, str], check: Any) -> None:
         while time.time() < deadline and not (
             ds.count() >= BURST + 1_000 and events and events[-1]["event"] == "data_fresh"
         ):
+            for src in fab.freshness().get("sources", {}).values():  # the peak lag, sampled
+                lag = src.get("lag_messages")
+                if isinstance(lag, int) and lag > peak[0]:
+                    peak[0] = lag
             time.sleep(0.2)
         log(
-            f"caught up: {ds.count():,} headlines; GPUs held: {sched.holding()}; parked: {sched.parked()}"
+            f"caught up: {ds.count():,} headlines; GPUs held: {sched.holding()}; "
+            f"parked: {sched.parked()}; peak lag {peak[0]:,} messages"
         )
         snap = fab.freshness()
         total = ds.count()

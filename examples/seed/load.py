@@ -103,15 +103,19 @@ def s3_filesystem(env: Mapping[str, str]):
     )
 
 
-def load_s3(env: Mapping[str, str], bucket: str, categories: pa.Table, policies: pa.Table) -> None:
+def load_s3(
+    env: Mapping[str, str], bucket: str, categories: pa.Table | None, policies: pa.Table | None
+) -> None:
     import pyarrow.parquet as pq
 
     s3 = s3_filesystem(env)
     with contextlib.suppress(OSError):  # the bucket exists already
         s3.create_dir(bucket)
-    with s3.open_output_stream(f"{bucket}/categories.csv") as out:
-        pacsv.write_csv(categories, out)
-    pq.write_table(policies, f"{bucket}/risk_policies.parquet", filesystem=s3)
+    if categories is not None:
+        with s3.open_output_stream(f"{bucket}/categories.csv") as out:
+            pacsv.write_csv(categories, out)
+    if policies is not None:
+        pq.write_table(policies, f"{bucket}/risk_policies.parquet", filesystem=s3)
 
 
 def _json_default(v: object) -> object:
