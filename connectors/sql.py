@@ -29,6 +29,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql as sa_mysql
 from sqlalchemy.engine import Engine, make_url
 
+from connectors import sql_drivers
 from connectors._util import BadValueError, apply_locally, flat_options, typed_params
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
 from connectors.base import (
@@ -110,6 +111,21 @@ def _column(values: Any, t: pa.DataType) -> pa.Array:
         return pa.array(values, type=t)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
         return pa.array([_to_py(v, t) for v in values], type=t)
+
+
+def _arrays(
+    rows: list[tuple[Any, ...]], types: list[pa.DataType], rowtype: pa.DataType
+) -> list[Any]:
+    """The driver's row tuples as one Arrow array per column: transposed by Arrow itself
+    (tuples as struct values, ~3x faster than zip), or column by column with per-value
+    conversion when a driver value does not fit its column's type as it is."""
+    if types:
+        try:
+            return pa.array(rows, type=rowtype).flatten()  # type: ignore[no-any-return]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            pass
+    cols = list(zip(*rows)) if types else []
+    return [_column(col, t) for col, t in zip(cols, types)]
 
 
 def _sqlite_binary_collation(conn: SqlConnection, table: sa.Table) -> bool:
@@ -558,7 +574,7 @@ class SqlConnection(Connection):
             raise ValueError(
                 f"connection {name!r}: a SQL connection needs 'url' (e.g. mysql+pymysql://user:pw@host:3306/db)"
             )
-        self.url = make_url(str(options["url"]))
+        self.url = sql_drivers.choose(make_url(str(options["url"])), options.get("driver"))
         self.connect_timeout = float(options.get("connect_timeout", 5))
         self.read_timeout = float(options.get("read_timeout", 30))
         self.db_schema = options.get("schema")
@@ -591,6 +607,7 @@ class SqlConnection(Connection):
                     pool_pre_ping=not self._pymysql,
                     connect_args=self._connect_args(),
                 )
+                sql_drivers.prepare_engine(self._engine)
                 if self._pymysql:
                     sa.event.listen(self._engine, "connect", self._after_connect)
                     sa.event.listen(self._engine, "checkout", self._ping)
@@ -635,6 +652,13 @@ class SqlConnection(Connection):
                 # the handshake; the read timeout is set once connected (_after_connect)
                 "read_timeout": ct if driver == "pymysql" else rt,
                 "write_timeout": ct if driver == "pymysql" else rt,
+                "init_command": "SET time_zone = '+00:00'",
+            }
+        if backend in ("mysql", "mariadb") and driver == "mariadbconnector":
+            return {
+                "connect_timeout": ct,
+                "read_timeout": rt,
+                "write_timeout": rt,
                 "init_command": "SET time_zone = '+00:00'",
             }
         if backend == "postgresql":
@@ -719,18 +743,28 @@ class SqlConnection(Connection):
     def stream(
         self, src: SqlSource, stmt: sa.Select, schema: pa.Schema, request: ScanRequest
     ) -> Iterator[pa.RecordBatch]:
+        """The statement's rows as Arrow batches: the driver's tuples (read straight from
+        its cursor, connectors.sql_drivers) become one Arrow column per selected column."""
         size = max(1, int(request.batch_size))
         types = [f.type for f in schema]
+        rowtype = pa.struct([pa.field(f"c{i}", t) for i, t in enumerate(types)])
+        driver_error = sql_drivers.driver_error(self.engine)
         try:
             with self.engine.connect() as c:
                 self._set_timeout(c, request.timeout)
                 result = c.execution_options(stream_results=True, yield_per=size).execute(stmt)
-                for rows in result.partitions(size):
-                    cols = list(zip(*rows)) if rows else [() for _ in types]
-                    arrays = [_column(col, t) for col, t in zip(cols, types)]
+                single = [i for i in sql_drivers.single_floats(result) if i < len(types)]
+                for rows in sql_drivers.partitions(result, size):
+                    arrays = _arrays(rows, types, rowtype)
+                    for i in single:
+                        if pa.types.is_float64(types[i]):
+                            arrays[i] = sql_drivers.shortest(arrays[i])
                     yield pa.RecordBatch.from_arrays(arrays, schema=schema)
         except sa_exc.SQLAlchemyError as exc:
             raise self._error(exc, src.uri.rsplit("/", 1)[-1]) from exc
+        except driver_error as exc:  # raised while reading the cursor, not wrapped
+            wrapped = sa_exc.DBAPIError.instance(None, None, exc, driver_error)  # type: ignore[arg-type]
+            raise self._error(wrapped, src.uri.rsplit("/", 1)[-1]) from exc
 
     def table_statistics(self, src: SqlSource) -> Statistics:
         """Row estimate and sizes from the catalog; min/max of indexed leading columns."""
