@@ -356,6 +356,9 @@ class KafkaIngestor:
         self._verify_at = 0.0  # monotonic time of the next topic check (0: at once)
         self._suspect_at = 0.0  # the same, when the watermarks look truncated
         self._anchors: dict[int, list[int]] | None = None  # fingerprints at the last check
+        # fingerprints when the broker went away: checked first once it is back (a broker
+        # killed with -9 may come back without its last messages, and take new ones there)
+        self._outage_anchors: dict[int, list[int]] | None = None
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -526,6 +529,8 @@ class KafkaIngestor:
     def _error(self, kind: str, message: str) -> None:
         """``kind`` failed: the error stands until ``_ok(kind)`` (that kind succeeded)."""
         self.stats.errors += 1
+        if kind == "broker" and self._outage_anchors is None:
+            self._outage_anchors = dict(self.fingerprints)
         self.errors.pop(kind, None)
         self.errors[kind] = message  # the newest last
         if self.tracker is not None:
@@ -815,6 +820,8 @@ class KafkaIngestor:
         self._lag_backoff = self.options.lag_interval
         self._next_lag = time.monotonic() + self.options.lag_interval
         self._ok("broker")
+        if self._outage_anchors is not None:
+            self._verify_at = 0.0  # back after an outage: the same messages? check now
         # the end below the next offset: truncated or recreated (noida-db loses acknowledged
         # messages on kill -9) -- or Tansu, whose high watermark lags: the last message
         # applied, read again, tells (at most once per verify_interval when it is there)
@@ -887,16 +894,21 @@ class KafkaIngestor:
         # re-created in between no longer holds it, even if the ingestor has meanwhile read
         # on from the new topic at the old offsets (its last applied is then the new one's)
         anchors = self._anchors if self._anchors is not None else fps
+        outage = self._outage_anchors or {}
         want: dict[int, list[int]] = {}
         for p, f in fps.items():
             if str(p) not in detail:
                 continue
             nxt = offsets.get(p, 0)
-            cand = f if ends.get(p, 0) < nxt and f[0] == nxt - 1 else anchors.get(p, f)
+            if p in outage:
+                cand = outage[p]
+            else:
+                cand = f if ends.get(p, 0) < nxt and f[0] == nxt - 1 else anchors.get(p, f)
             if detail[str(p)]["low"] <= cand[0]:
                 want[p] = cand
         if not want:
             self._anchors = fps
+            self._outage_anchors = None
             return None
         v = self.options.connection.new_consumer(
             {"group.id": f"{self.options.group_id}.verify", "enable.auto.commit": False,
@@ -932,9 +944,11 @@ class KafkaIngestor:
             elif fp != want[p]:
                 return self._request_rebuild(
                     f"partition {p} offset {fp[0]} holds another message than the one applied "
-                    f"(timestamp {fp[1]} vs {want[p][1]}): topic {self.options.topic!r} was recreated"
+                    f"(timestamp {fp[1]} vs {want[p][1]}): topic {self.options.topic!r} was recreated or truncated"
                 )
         self._anchors = fps
+        if len(seen) == len(want):  # every one read: the outage left them in place
+            self._outage_anchors = None
         return None
 
     def _request_rebuild(self, reason: str) -> None:
@@ -953,7 +967,7 @@ class KafkaIngestor:
             ds.delete(keys)
         self.next_offsets.clear()
         self.fingerprints.clear()
-        self._anchors = None
+        self._anchors = self._outage_anchors = None
         self.topic_id = None
         self._close()
         self._dirty = True

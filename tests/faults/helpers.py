@@ -302,10 +302,13 @@ class Watch:
         return status in self.statuses
 
 
-def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_for(cond: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
+    """``what``: a text, or a function giving it (evaluated at the timeout, with the state then)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what if isinstance(what, str) else what()}"
+    )

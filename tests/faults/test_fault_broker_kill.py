@@ -92,7 +92,8 @@ def test_broker_kill_9_during_ingest(tmp_path):
             phase[0] = "final"
             t_final = time.monotonic()
             wait_for(lambda: ing.caught_up() and held(ds) == expected, 90,
-                     f"caught up after the restart ({ds.count()} rows, {ing.last_error})")  # fmt: skip
+                     lambda: f"caught up after the restart ({ds.count()} rows of {len(expected)}, "
+                     f"{ing.errors}, {ing.stats}, {tr.source('docs').to_dict()})")  # fmt: skip
             time.sleep(1)
         ing.stop(checkpoint_now=False)
         assert_replica(ds, rep)
