@@ -152,15 +152,31 @@ class Estimator:
             for d in scan.dynamic:
                 keys = self.keys_estimate(d.from_expr)
                 cs = st.columns.get(d.column)
-                per_key = (
-                    (st.row_count or UNKNOWN_ROWS) / cs.distinct_count
-                    if cs and cs.distinct_count
-                    else 1.0
+                ndv = (
+                    cs.distinct_count if cs and cs.distinct_count else self.key_domain(d.from_expr)
                 )
-                rows = min(rows, keys * per_key)
+                per_key = (st.row_count or UNKNOWN_ROWS) / ndv if ndv else 1.0
+                rows = min(rows, keys * max(per_key, 1.0))
         if scan.limit is not None:
             rows = min(rows, scan.limit)
         return max(rows, 1.0)
+
+    def key_domain(self, from_expr: Expr) -> float | None:
+        """Distinct values a join key can take, seen from the side providing the keys:
+        the provider column's distinct count, else its table's unfiltered rows (a key the
+        other side refers to: a foreign key takes about as many values as the table it
+        points to holds rows). None when ``from_expr`` is not a plain column."""
+        if not isinstance(from_expr, Column):
+            return None
+        d = self.ndv(from_expr)
+        if d:
+            return float(d)
+        unit = self.units.get(from_expr.source or "")
+        scan = unit_scan(unit) if unit is not None else None
+        if isinstance(scan, Scan):
+            n = self.stats(scan.uri).row_count
+            return float(n) if n else None
+        return None
 
     def keys_estimate(self, from_expr: Expr) -> float:
         """Rows of the source unit that provides a dynamic filter's keys."""
@@ -231,7 +247,10 @@ class Estimator:
             return _range_fraction(cs, const, op)
         if isinstance(e, InList):
             cs = col_stats(e.expr)
-            eq = 1.0 / cs.distinct_count if cs is not None and cs.distinct_count else EQ_SELECTIVITY
+            # a literal list names categories (shipmode in ('AIR', 'MAIL')), like column =
+            # literal; a session list names keys, like column = session value
+            default = EQ_SELECTIVITY if isinstance(e.items, Param) else EQ_LITERAL_SELECTIVITY
+            eq = 1.0 / cs.distinct_count if cs is not None and cs.distinct_count else default
             n = IN_PARAM_ITEMS if isinstance(e.items, Param) else len(e.items)
             s = min(1.0, n * eq)
             return 1.0 - s if e.negated else s
