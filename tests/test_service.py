@@ -161,7 +161,15 @@ def world(
         t0 = time.time()
         while ds.count() < data["news"].num_rows and time.time() - t0 < 60:
             time.sleep(0.2)
-        yield {"served": served, "emb": emb, "data": data, "ring": ring, "work": work}
+        yield {
+            "served": served,
+            "emb": emb,
+            "data": data,
+            "ring": ring,
+            "work": work,
+            "config": config,
+            "server_env": server_env,
+        }
     finally:
         emb.close()
         served.stop()
@@ -420,36 +428,55 @@ def _p50(fab: Any, n: int) -> float:
     return statistics.median(times)
 
 
+FLOOD = """
+import sys, threading, fabric
+from fabric.service.errors import Busy
+url, token = sys.argv[1], sys.argv[2]
+n = [0]
+def flood():
+    f = fabric.connect(url, token=token)
+    while True:
+        try:
+            f.query("top_category_last_week", {"user_id": 5})
+            n[0] += 1
+        except Busy:
+            pass
+for _ in range(12):
+    threading.Thread(target=flood, daemon=True).start()
+for line in sys.stdin:  # each line asks how many were answered
+    print(n[0], flush=True)
+"""
+
+
 @pytest.mark.slow
 def test_a_flooding_agent_does_not_starve_another(world) -> None:
+    """Another agent process floods with 12 concurrent requests; the server's fair queue
+    (server.query_workers 2, the flooder's max_concurrent 1, round-robin between agents) keeps the
+    measured agent's p50 within 2x of its p50 alone."""
     served = world["served"]
     alice = fabric.connect(served.grpc, token=TOKENS["alice"])
     _p50(alice, 10)  # warm
-    unloaded = _p50(alice, 60)
-    stop = threading.Event()
-    flooded = [0]
-
-    def flood() -> None:
-        f = fabric.connect(served.grpc, token=TOKENS["flood"])
-        while not stop.is_set():
-            try:
-                f.query("top_category_last_week", {"user_id": 5})
-                flooded[0] += 1
-            except E.Busy:
-                pass
-
-    threads = [threading.Thread(target=flood, daemon=True) for _ in range(12)]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)
+    unloaded = _p50(alice, 80)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FLOOD, served.grpc, TOKENS["flood"]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        loaded = _p50(alice, 60)
+        time.sleep(2.0)
+        proc.stdin.write("?\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        before = int(proc.stdout.readline())  # type: ignore[union-attr]
+        loaded = _p50(alice, 80)
+        proc.stdin.write("?\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        during = int(proc.stdout.readline()) - before  # type: ignore[union-attr]
     finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
-    assert flooded[0] > 60, flooded  # the flood really ran alongside
-    assert loaded < 2 * unloaded, (loaded, unloaded)
+        proc.kill()
+        proc.wait(10)
+    assert during > 40, during  # the flood really ran alongside
+    assert loaded < 2 * unloaded, (loaded, unloaded, during)
 
 
 @pytest.mark.parametrize(
@@ -594,3 +621,102 @@ def test_seed_bindings_as_mcp_tools_over_stdio_and_http(world) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _blocks(path: Path) -> list[tuple[str, str]]:
+    return re.findall(r"```(\w+)\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_docs_service_blocks(world, tmp_path) -> None:
+    """Every config and command block of docs/service.md, run against the served fabric."""
+    import yaml
+
+    served = world["served"]
+    blocks = _blocks(ROOT / "docs" / "service.md")
+    kinds = [k for k, _ in blocks]
+    assert kinds.count("yaml") == 3 and kinds.count("python") == 2
+    assert kinds.count("sh") == 2 and kinds.count("json") == 1
+    env = {
+        **os.environ,
+        "FABRIC_URL": served.grpc,
+        "FABRIC_HTTP": served.http,
+        "FABRIC_TOKEN": TOKENS["alice"],
+    }
+    for kind, text in blocks:
+        if kind == "yaml" and "agents:" in text:
+            (tmp_path / "analyst.token").write_text("analyst-token-0123456789\n")
+            cfg = tmp_path / "fabric.yaml"
+            cfg.write_text(text)
+            os.environ.update(
+                SUPPORT_BOT_TOKEN="support-token-0123456789",
+                INGEST_BOT_TOKEN="ingest-token-0123456789",
+            )
+            try:
+                config = fabric.load_config(cfg)
+            finally:
+                del os.environ["SUPPORT_BOT_TOKEN"], os.environ["INGEST_BOT_TOKEN"]
+            agents = config.agents
+            assert agents["support-bot"].pin == {"user_id": 42}
+            assert agents["analyst"].token == "analyst-token-0123456789"
+            assert agents["analyst"].query_text and not agents["analyst"].python
+            assert agents["ingest-bot"].may_upsert("news")
+            assert config.server.flight_port == 8815 and config.server.query_workers == 4
+        elif kind == "yaml" and "scrape_configs" in text:
+            job = yaml.safe_load(text)["scrape_configs"][0]
+            with urllib.request.urlopen(served.http + job["metrics_path"], timeout=10) as r:
+                assert b"fabric_build_info{" in r.read()
+        elif kind == "yaml":
+            trigger = yaml.safe_load(text)["spec"]["triggers"][0]["metadata"]
+            path = "/" + trigger["url"].split("/", 3)[3]
+            with urllib.request.urlopen(served.http + path, timeout=10) as r:
+                value = json.loads(r.read())[trigger["valueLocation"]]
+            assert isinstance(value, int | float)
+        elif kind == "python":
+            old = dict(os.environ)
+            os.environ.update(env)
+            try:
+                exec(compile(text, "docs/service.md", "exec"), {})
+            finally:
+                os.environ.clear()
+                os.environ.update(old)
+        elif kind == "sh" and text.startswith("fabric serve"):
+            from tests.test_server_kafka import free_port
+
+            args = text.split()[1:]
+            args[args.index("--port") + 1] = str(free_port())
+            args[args.index("--flight-port") + 1] = str(free_port())
+            args[args.index("--config") + 1] = str(world["config"])
+            run_env = {
+                **world["server_env"],
+                "FABRIC_GROUP": "docs",
+                "FABRIC_STATE_DIR": str(tmp_path / "st"),
+            }
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fabric", *args],
+                env=run_env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                seen = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+                assert "queries on grpc://127.0.0.1:" in seen[0], seen
+                assert "listening on http://127.0.0.1:" in seen[1], seen
+            finally:
+                proc.terminate()
+                proc.wait(20)
+        elif kind == "sh":
+            if shutil.which("curl") is None:
+                pytest.skip("curl is not installed")
+            out = subprocess.run(["bash", "-c", text], env=env, capture_output=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            assert "rows" in json.loads(out.stdout)
+        elif kind == "json":
+            spec = json.loads(text)["mcpServers"]["fabric"]
+            command = str(Path(sys.executable).parent / spec["command"])
+            args = [a.replace("grpc://127.0.0.1:8815", served.grpc) for a in spec["args"]]
+            assert args[0] == "mcp"
+            tools, _ = _mcp_stdio(
+                args[1:], {**os.environ, **spec["env"], "FABRIC_TOKEN": TOKENS["alice"]}, []
+            )
+            assert "nearby_offers" in {t.name for t in tools.tools}
+            assert Path(command).exists()
