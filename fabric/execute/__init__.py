@@ -1,22 +1,24 @@
-"""Run an optimized plan over Arrow: federated execution.
+"""Run a physical plan over Arrow: federated execution.
 
-``execute(plan, params, catalog, binding=...)`` runs in three steps:
+``execute(plan, params, catalog, binding=...)`` schedules the nodes of a
+``fabric.physical.PhysicalPlan`` (given, or built from an optimized logical plan on first
+use); which engine runs what is the physical planner's decision, not this module's:
 
-1. **Source units in parallel.** Each source's *unit* (its Scan or VectorSearch plus the
-   Filter/Derive chain right above it) runs on the process-wide scan pool (``scan_pool()``,
-   ``POOL_THREADS`` threads; a lone unit over an in-process source runs on the caller's
-   thread instead): check freshness, build a ``ScanRequest`` (projection, exact + inexact
+1. **Source units in parallel.** Each ``SourceUnit`` (a Scan or VectorSearch plus the
+   Filter/Derive chain right above it) runs on the process-wide scan pool
+   (``scan_pool()``, ``POOL_THREADS`` threads), or on the caller's thread when the plan
+   says ``inline``: check freshness, build a ``ScanRequest`` (projection, exact + inexact
    filters, bound params, limit, order, latest_by), stream the batches, then apply the
-   residual filters and derived columns with pyarrow compute. A unit with dynamic filters
-   is submitted once the units that provide its keys are done, then sends the distinct
-   keys as a bound ``IN`` list parameter (``__dyn_<n>``); past ``max_keys`` keys, the range
-   ``[min, max]`` of the keys when the source accepts it, else nothing.
-2. **Above the units.** Joins and aggregates (with the filters, projections, sorts and
-   limits above them) become one DuckDB query over the units' Arrow tables, registered
-   zero-copy, with every value bound as a ``$n`` parameter. A plan without join or
-   aggregate stays in pyarrow (DuckDB's fixed cost is ~0.6 ms per query).
-3. **Hooks.** ``UserFunction`` runs through ``catalog.sandbox().run(...)``,
-   ``EncryptedScore`` through ``catalog.crypto_score(node, table, params)``.
+   chain's residual filters and derived columns (pyarrow, or DuckDB for a step the plan
+   sends there). A unit with dynamic filters is submitted once the units that provide
+   its keys are done, then sends the distinct keys as a bound ``IN`` list parameter
+   (``__dyn_<n>``); past ``max_keys`` keys, the range ``[min, max]`` of the keys when the
+   source accepts it, else nothing.
+2. **Above the units.** A ``DuckDBRegion`` is one DuckDB query over its inputs' Arrow
+   tables, registered zero-copy, with every value bound as a ``$n`` parameter;
+   ``PyArrowStep`` / ``DuckDBStep`` run one unary node in their engine.
+3. **Hooks.** ``SandboxCall`` runs through ``catalog.sandbox().run(...)``,
+   ``CkksScore`` through ``catalog.crypto_score(node, table, params)``.
 
 The ``Result`` carries per-source freshness, stats (rows and bytes fetched per source,
 time per operator) and, with ``analyze=True``, the plan annotated with actual rows and
@@ -26,12 +28,11 @@ times (see docs/execution.md).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
-import dataclasses
 import datetime as dt
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -43,15 +44,27 @@ import pyarrow.compute as pc
 from connectors._util import BadValueError
 from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
 from connectors.base import ScanRequest, SourceError
-from dsl.ast import Binary, Call, Column, Expr, InList, Param, conjuncts, unqualify
-from dsl.ast import replace as replace_expr
+from dsl.ast import Binary, Column, Expr, InList, Param
 from fabric import functions
 from fabric.execute import freshness as _fresh
 from fabric.execute import stages as _stages
 from fabric.execute.errors import QueryError
 from fabric.execute.sql import Rel, SqlBuilder, UnresolvedColumn, quote, resolve, substitute
-from fabric.optimizer._util import units as _units
-from fabric.physical.nodes import PhysicalPlan
+from fabric.physical import planner as _planner
+from fabric.physical.nodes import (
+    CkksScore,
+    DuckDBRegion,
+    DuckDBStep,
+    Physical,
+    PhysicalError,
+    PhysicalPlan,
+    PyArrowStep,
+    SandboxCall,
+    SourceUnit,
+    StagesFirst,
+    StageTable,
+)
+from fabric.physical.planner import NOW_PARAM
 from fabric.plan.nodes import (
     Aggregate,
     Derive,
@@ -65,10 +78,8 @@ from fabric.plan.nodes import (
     Sort,
     Stage,
     StageRef,
-    StageResult,
     UserFunction,
     VectorSearch,
-    WithStages,
 )
 from fabric.result import Result
 
@@ -91,10 +102,9 @@ def execute(
 
     ``allow_partial``: a failing source yields an empty table and ``Result.partial``
     instead of an error (for bindings that accept partial answers)."""
-    if isinstance(plan, PhysicalPlan):
-        plan = plan.logical
+    pp = plan if isinstance(plan, PhysicalPlan) else physical(plan, catalog, binding)
     return _Run(
-        plan, dict(params or {}), catalog, binding, analyze, now or utcnow(), allow_partial
+        pp, dict(params or {}), catalog, binding, analyze, now or utcnow(), allow_partial
     ).run()
 
 
@@ -105,10 +115,6 @@ POOL_THREADS = int(os.environ.get("FABRIC_SCAN_THREADS", "16"))
 Scans are I/O-bound (they wait on servers), so more threads than cores pay off; a query
 never blocks a pool thread waiting for another unit (dependent units are submitted when
 their keys are ready), so a busy pool queues work but cannot deadlock."""
-
-INLINE_KINDS = frozenset({"dataset", "memory"})
-"""URI kinds whose sources work in process (no network I/O): a single-unit plan over one
-of them runs on the caller's thread. A source can say otherwise with ``in_process``."""
 
 _pool: cf.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -134,132 +140,44 @@ def _forget_pool() -> None:  # a forked child has the pool object but not its th
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-# ---------------------------------------------------------------- per-plan facts
+# ---------------------------------------------------------------- physical plans
+
+_physical_plans: dict[int, tuple[weakref.ref[Plan], int, PhysicalPlan]] = {}
+_physical_lock = threading.Lock()
 
 
-class _ShapeError(Exception):
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
+def physical(plan: Plan, catalog: Any, binding: str) -> PhysicalPlan:
+    """The physical plan of a logical ``plan``, built on first use and kept (in a table
+    here, not on the frozen node) while the plan object lives: callers that pass the same
+    logical plan again, like the compiler's physical plan, pay for planning once."""
+    hit = _physical_plans.get(id(plan))
+    if hit is not None and hit[0]() is plan and hit[1] == id(catalog):
+        return hit[2]
+    try:
+        pp = _planner.plan(plan, catalog)
+    except _planner.PlanningError as e:
+        raise QueryError(binding, e.message, hint=e.hint) from None
+    except PhysicalError as e:
+        raise QueryError(
+            binding, str(e), hint="this is a planner bug; report the binding"
+        ) from None
+    key = id(plan)
 
+    def forget(_: Any, plans: dict = _physical_plans, lock: Any = _physical_lock) -> None:
+        with lock:  # the module's globals may be gone at interpreter exit: bound here
+            entry = plans.get(key)
+            if entry is not None and entry[0]() is None:
+                del plans[key]
 
-@dataclasses.dataclass(frozen=True)
-class _Shape:
-    """What running a plan needs that does not depend on the session values: its units,
-    their order and dependencies, the parameters it refers to, bound filters and the text
-    of its filters and headers for stats. Computed once per plan object (plans are
-    immutable) and kept on the plan, so a cached compiled binding pays for it once."""
-
-    units: dict[str, Plan]
-    unit_top: dict[int, str]
-    leaves: dict[str, Any]
-    chains: dict[str, tuple[Plan, ...]]  # the Filter/Derive nodes above each leaf, top first
-    deps: dict[str, frozenset[str]]
-    order: tuple[str, ...]  # key-producing units before the units waiting for their keys
-    depth: int
-    params: frozenset[str]
-    filters: dict[
-        str, tuple[Expr, ...]
-    ]  # alias -> exact + inexact (Scan) / filters (VectorSearch), now() bound
-    text: dict[str, dict[str, list[str]]]  # alias -> {"exact", "inexact", "residual", "filters"}
-    headers: dict[int, str]
-    schema: pa.Schema  # the plan's output schema (Project builds it on every access)
-
-    @staticmethod
-    def of(plan: Plan) -> _Shape:
-        shape = getattr(plan, "__dict__", {}).get("_fabric_exec_shape")
-        if shape is None:
-            shape = _Shape._build(plan)
-            # not a field: eq, hash, repr and dataclasses.replace ignore it (a node class
-            # with __slots__ cannot keep it: its shape is rebuilt per query)
-            with contextlib.suppress(AttributeError):
-                object.__setattr__(plan, "_fabric_exec_shape", shape)
-        return shape
-
-    @staticmethod
-    def _build(plan: Plan) -> _Shape:
-        units = _units(plan)
-        leaves: dict[str, Any] = {}
-        chains: dict[str, tuple[Plan, ...]] = {}
-        deps: dict[str, frozenset[str]] = {}
-        filters: dict[str, tuple[Expr, ...]] = {}
-        text: dict[str, dict[str, list[str]]] = {}
-        for alias, top in units.items():
-            chain: list[Plan] = []
-            node = top
-            while not isinstance(node, Scan | VectorSearch):
-                chain.append(node)
-                node = node.children()[0]
-            leaves[alias], chains[alias] = node, tuple(chain)
-            residual = [
-                str(c) for n in chain if isinstance(n, Filter) for c in conjuncts(n.predicate)
-            ]
-            if isinstance(node, Scan):
-                deps[alias] = frozenset(
-                    c.source for d in node.dynamic for c in d.from_expr.columns() if c.source
-                ) - {alias}
-                filters[alias] = tuple(_bind_now(f) for f in (*node.exact, *node.inexact))
-                text[alias] = {
-                    "exact": [str(f) for f in node.exact],
-                    "inexact": [str(f) for f in node.inexact],
-                    "residual": residual,
-                }
-            else:
-                deps[alias] = frozenset()
-                filters[alias] = tuple(_bind_now(unqualify(f)) for f in node.filters)
-                text[alias] = {"filters": [str(f) for f in node.filters], "residual": residual}
-        order = _unit_order(units, deps)
-        memo: dict[str, int] = {}
-
-        def depth(a: str) -> int:
-            if a not in memo:
-                memo[a] = 1 + max((depth(d) for d in deps[a]), default=-1)
-            return memo[a]
-
-        return _Shape(
-            units=units,
-            unit_top={id(top): alias for alias, top in units.items()},
-            leaves=leaves,
-            chains=chains,
-            deps=deps,
-            order=order,
-            depth=max((depth(a) for a in units), default=0),
-            params=frozenset(_plan_params(plan)),
-            filters=filters,
-            text=text,
-            headers={id(n): n.header() for n in plan.walk()},
-            schema=plan.schema,
-        )
-
-
-def _unit_order(units: Mapping[str, Plan], deps: Mapping[str, frozenset[str]]) -> tuple[str, ...]:
-    order: list[str] = []
-    seen: set[str] = set()
-
-    def visit(a: str, stack: tuple[str, ...]) -> None:
-        if a in seen:
-            return
-        if a in stack:
-            raise _ShapeError(
-                f"dynamic filters wait on each other: {' -> '.join((*stack, a))}",
-                "this is an optimizer bug; report the binding",
-            )
-        for d in sorted(deps[a]):
-            if d not in units:
-                raise _ShapeError(f"dynamic filter of {a} needs source {d}, which is not a unit")
-            visit(d, (*stack, a))
-        seen.add(a)
-        order.append(a)
-
-    for a in units:
-        visit(a, ())
-    return tuple(order)
+    with _physical_lock:
+        _physical_plans[key] = (weakref.ref(plan, forget), id(catalog), pp)
+    return pp
 
 
 class _Run:
     def __init__(
         self,
-        plan: Plan,
+        pp: PhysicalPlan,
         params: dict[str, Any],
         catalog: Any,
         binding: str,
@@ -267,19 +185,15 @@ class _Run:
         now: dt.datetime,
         allow_partial: bool,
     ):
-        self.plan = plan
+        self.pp = pp
+        self.plan = pp.logical
         self.params = params
         self.catalog = catalog
         self.binding = binding
         self.analyze = analyze
         self.now = now
         self.allow_partial = allow_partial
-        try:
-            self.shape = _Shape.of(plan)
-        except _ShapeError as e:
-            raise QueryError(binding, e.message, hint=e.hint) from None
-        self.units = self.shape.units
-        self.unit_top = self.shape.unit_top
+        self.units = pp.units
         self.node_stats: dict[int, dict[str, Any]] = {}
         self.sources: dict[str, dict[str, Any]] = {}
         self.freshness: dict[str, dict[str, Any]] = {}
@@ -302,7 +216,7 @@ class _Run:
     def run(self) -> Result:
         t0 = time.perf_counter()
         missing = sorted(
-            p for p in self.shape.params.difference(self.params) if not p.startswith("stage:")
+            p for p in self.pp.params.difference(self.params) if not p.startswith("stage:")
         )
         if missing:
             raise QueryError(
@@ -310,28 +224,29 @@ class _Run:
                 f"session value(s) {', '.join(repr(m) for m in missing)} not bound",
                 hint=f"pass session={{{', '.join(repr(m) + ': ...' for m in missing)}}}",
             )
-        self.deadline = time.monotonic() + self.timeout * (1 + self.shape.depth)
-        order = self.shape.order
-        if isinstance(self.plan, WithStages):
+        self.deadline = time.monotonic() + self.timeout * (1 + self.pp.depth)
+        order = self.pp.order
+        root = self.pp.root
+        if isinstance(root, StagesFirst):
             try:
-                table = self._run_stages(self.plan)
+                table = self._run_stages(root)
             finally:
                 self._cancelled = True
                 for fut in (*self.futures.values(), *self._inner):
                     fut.cancel()
-        elif len(order) == 1 and self._inline(order[0]):
+        elif len(order) == 1 and self.units[order[0]].placement == "inline":
             self._run_inline(order[0])
-            table = self._eval(self.plan)
+            table = self._run(root)
         else:
             try:
                 for alias in order:
                     self._schedule(alias)
-                table = self._eval(self.plan)
+                table = self._run(root)
             finally:
                 self._cancelled = True  # units not yet started never start
                 for fut in (*self.futures.values(), *self._inner):
                     fut.cancel()
-        table = _conform(table, self.shape.schema)
+        table = _conform(table, self.pp.schema)
         total_ms = (time.perf_counter() - t0) * 1000
         stats = {
             "sources": self.sources,
@@ -348,32 +263,31 @@ class _Run:
             table, self.freshness, stats, explain, self.waited, self.partial, self.binding
         )
 
-    def _run_stages(self, root: WithStages) -> pa.Table:
+    def _run_stages(self, root: StagesFirst) -> pa.Table:
         """The stages first, in order, then the plan: a source unit starts as soon as the
         stages its filters use are done (the others start at once)."""
-        requires = {
-            a: _stages.unit_requires(self.shape.leaves[a], self.shape.chains[a])
-            for a in self.shape.order
-        }
         done: set[str] = set()
 
         def start_ready() -> None:
-            for alias in self.shape.order:
+            for alias in self.pp.order:
+                unit = self.units[alias]
                 if (
                     alias not in self.futures
-                    and requires[alias] <= done
-                    and all(d in self.futures for d in self.shape.deps[alias])
+                    and unit.requires <= done
+                    and all(d in self.futures for d in unit.deps)
                 ):
                     self._schedule(alias)
 
         start_ready()
-        for st in root.stages:
+        for phys in root.stages:
+            st = phys.logical
+            assert isinstance(st, Stage) and isinstance(phys, PyArrowStep)
             t0 = time.perf_counter()
-            table = self._eval(st.input)
+            table = self._run(phys.input)
             self.stage_tables[st.name] = table
             try:
                 # a new dict, never mutated: units already running keep reading theirs
-                self.params = {**self.params, **_stages.bind(st.name, table, self.shape.params)}
+                self.params = {**self.params, **_stages.bind(st.name, table, self.pp.params)}
             except ValueError as e:
                 raise QueryError(
                     self.binding,
@@ -383,18 +297,7 @@ class _Run:
             self._record(st, table.num_rows, t0)
             done.add(st.name)
             start_ready()
-        return self._eval(root.input)
-
-    def _inline(self, alias: str) -> bool:
-        """A lone unit over an in-process source runs on the caller's thread (no hop)."""
-        uri = self.shape.leaves[alias].uri
-        try:
-            flag = getattr(self.catalog.source(uri), "in_process", None)
-        except Exception:  # the unit reports it (same error, same place)
-            flag = None
-        if flag is not None:
-            return bool(flag)
-        return uri.partition("://")[0] in INLINE_KINDS
+        return self._run(root.input)
 
     def _run_inline(self, alias: str) -> None:
         """In-process work cannot be abandoned: a unit past the scan timeout still gives
@@ -408,7 +311,7 @@ class _Run:
     def _schedule(self, alias: str) -> None:
         """Submit a unit to the shared pool once the units providing its dynamic-filter
         keys are done, so no pool thread ever blocks waiting for another unit."""
-        deps = [self.futures[d] for d in sorted(self.shape.deps[alias])]
+        deps = [self.futures[d] for d in sorted(self.units[alias].deps)]
         if not deps:
             self.futures[alias] = scan_pool().submit(self._unit, alias)
             return
@@ -451,18 +354,19 @@ class _Run:
             self.binding,
             f"timed out after {self.timeout:g} s",
             alias=alias,
-            uri=self.shape.leaves[alias].uri,
+            uri=self.units[alias].leaf.uri,
             hint="check that the server is up and reachable, or raise the scan timeout",
         ) from None
 
     def _partial(self, alias: str, why: str) -> pa.Table:
         self.partial = True
         self.sources.setdefault(alias, {})["error"] = why
-        return self.shape.leaves[alias].schema.empty_table()
+        return self.units[alias].leaf.schema.empty_table()
 
     # ------------------------------------------------------------ one source unit (in a thread)
     def _unit(self, alias: str) -> pa.Table:
-        leaf, chain = self.shape.leaves[alias], self.shape.chains[alias]
+        unit = self.units[alias]
+        leaf = unit.leaf
         try:
             source = self.catalog.source(leaf.uri)
         except Exception as e:  # down, unknown connection, dropped table...
@@ -480,10 +384,15 @@ class _Run:
         self._record(leaf, table.num_rows, t0 + self._dep_wait.get(alias, 0.0))
         if leaf.freshness is None:  # nothing to enforce: report the freshness as read
             self._check_freshness(alias, leaf, source)
-        for node in reversed(chain):
+        for node, engine in reversed(tuple(zip(unit.chain, unit.engines))):
             t0 = time.perf_counter()
-            table = self._apply_unary(node, table)
-            self._record(node, table.num_rows, t0)
+            if engine == "duckdb":
+                table = self._sql_over(node, table)
+            else:
+                table = self._apply_unary(node, table)
+            self._record(
+                node, table.num_rows, t0, engine="duckdb" if engine == "duckdb" else "arrow"
+            )
         return table
 
     def _check_freshness(self, alias: str, leaf: Any, source: Any) -> None:
@@ -503,7 +412,7 @@ class _Run:
             hint = "pass a session value of the column's type (see the binding's session:)"
         if hint is None and isinstance(e, NotTranslatable | TypeError):
             # not the server: the source accepted a filter at planning it cannot apply now
-            filters = "; ".join(self.shape.text.get(alias, {}).get("exact", []))
+            filters = "; ".join(self.units[alias].text.get("exact", ()))
             hint = (
                 f"{uri} accepted a filter it could not apply when scanning ({filters}); "
                 "this is a connector bug: report the binding (the filter is never dropped)"
@@ -513,7 +422,7 @@ class _Run:
 
     def _scan(self, alias: str, scan: Scan, source: Any) -> pa.Table:
         # now() is one instant per query, bound like a session value for every source
-        filters: list[Expr] = list(self.shape.filters[alias])
+        filters: list[Expr] = list(self.units[alias].filters)
         params = dict(self.params)
         params[NOW_PARAM] = self.now
         dyn_stats = []
@@ -599,7 +508,7 @@ class _Run:
         dyn: list,
         skipped: bool = False,
     ) -> None:
-        text = self.shape.text[alias]
+        text = self.units[alias].text
         entry = {
             "uri": scan.uri,
             "rows": rows,
@@ -635,7 +544,7 @@ class _Run:
                 column=vs.column,
                 query=query,
                 k=vs.k,
-                filters=self.shape.filters[alias],
+                filters=self.units[alias].filters,
                 params={**self.params, NOW_PARAM: self.now},
                 columns=vs.projection,
                 analyze=self.analyze,
@@ -644,7 +553,7 @@ class _Run:
             raise _SourceFailed(e) from e
         ms = (time.perf_counter() - t0) * 1000
         table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
-        text = self.shape.text[alias]
+        text = self.units[alias].text
         entry = {
             "uri": vs.uri,
             "rows": table.num_rows,
@@ -675,33 +584,40 @@ class _Run:
         return eval_constant(e, self.params, self.now)
 
     # ------------------------------------------------------------ above the units (main thread)
-    def _eval(self, node: Plan) -> pa.Table:
-        alias = self.unit_top.get(id(node))
-        if alias is not None:
-            return self._wait(alias)
-        if _needs_sql(node):
-            return self._sql(node)
+    def _run(self, p: Physical) -> pa.Table:
+        """Compute one physical node (its inputs first) on the caller's thread; source
+        units are waited for (they run on the pool, or ran inline)."""
+        if isinstance(p, SourceUnit):
+            return self._wait(p.alias)
+        if isinstance(p, DuckDBRegion):
+            return self._sql(p)
+        node = p.logical
         t0 = time.perf_counter()
-        if isinstance(node, Derive | Filter | Project | Sort | Limit):
-            table = self._apply_unary(node, self._eval(node.input))
-        elif isinstance(node, StageRef):
-            table = self._eval(node.input)
-            table = table.rename_columns(node.schema.names)
-        elif isinstance(node, Stage):
-            table = self._eval(node.input)
-        elif isinstance(node, StageResult):
-            table = self.stage_tables[node.name]
-        elif isinstance(node, UserFunction):
-            table = self._user_function(node, self._eval(node.input))
-        elif isinstance(node, EncryptedScore):
-            table = self._encrypted(node, self._eval(node.input))
+        engine = "arrow"
+        if isinstance(p, PyArrowStep) and isinstance(node, StageRef):
+            table = self._run(p.input).rename_columns(node.schema.names)
+        elif isinstance(p, PyArrowStep) and isinstance(node, Stage):
+            table = self._run(p.input)
+        elif isinstance(p, PyArrowStep):
+            table = self._apply_unary(node, self._run(p.input))
+        elif isinstance(p, DuckDBStep):
+            table = self._sql_over(node, self._run(p.input))
+            engine = "duckdb"
+        elif isinstance(p, StageTable):
+            table = self.stage_tables[p.name]
+        elif isinstance(p, SandboxCall):
+            assert isinstance(node, UserFunction)
+            table = self._user_function(node, self._run(p.input))
+        elif isinstance(p, CkksScore):
+            assert isinstance(node, EncryptedScore)
+            table = self._encrypted(node, self._run(p.input))
         else:
             raise QueryError(self.binding, f"cannot execute plan node {type(node).__name__}")
-        self._record(node, table.num_rows, t0)
+        self._record(node, table.num_rows, t0, engine=engine)
         return table
 
     def _resolver(self, node: Plan, table: pa.Table) -> Any:
-        exprmap = _exprmap(node)
+        exprmap = _planner.exprmap(node)
         names = table.column_names
 
         def res(c: Column) -> str:
@@ -713,13 +629,12 @@ class _Run:
         return res
 
     def _apply_unary(self, node: Plan, table: pa.Table) -> pa.Table:
-        """Filter / Derive / Project / Sort / Limit in pyarrow (DuckDB when pyarrow cannot)."""
+        """Filter / Derive / Project / Sort / Limit in pyarrow (the physical planner sends
+        the nodes with an expression pyarrow has no form for to DuckDB instead)."""
         child = node.children()[0]
         res = self._resolver(child, table)
-        exprmap = _exprmap(child)
+        exprmap = _planner.exprmap(child)
         try:
-            if isinstance(node, Filter) and _stages.has_exists(node.predicate):
-                return self._sql_over(node, table)  # a correlated exists: DuckDB
             if isinstance(node, Filter):
                 return functions.filter_table(
                     table,
@@ -762,7 +677,9 @@ class _Run:
                 return table.take(idx)
             if isinstance(node, Limit):
                 return table.slice(node.offset, node.n)
-        except (NotTranslatable, pa.ArrowNotImplementedError):
+        except pa.ArrowNotImplementedError:
+            # a kernel pyarrow lacks for these types (e.g. sorting a struct column): known
+            # only from the data, so decided here
             return self._sql_over(node, table)
         raise QueryError(self.binding, f"cannot execute plan node {type(node).__name__}")
 
@@ -772,18 +689,25 @@ class _Run:
         )
 
     def _sql_over(self, node: Plan, table: pa.Table) -> pa.Table:
-        """One unary node over an Arrow table, in DuckDB (expressions pyarrow lacks)."""
+        """One unary node over an Arrow table, in DuckDB (expressions pyarrow lacks), with
+        the plan's declared column types."""
         b = _stages.StageSql(self.params, self.now, self.stage_tables)
         rel = b.table(table)
-        rel.exprmap = _exprmap(node.children()[0])
+        rel.exprmap = _planner.exprmap(node.children()[0])
         out = self._compile_unary(b, node, rel).materialized(b.alias())
-        return b.run(out.sql)
+        try:
+            return _conform(b.run(out.sql), node.schema)
+        except Exception as e:
+            raise QueryError(self.binding, f"{node.header()} failed in DuckDB: {e}") from e
 
     # ------------------------------------------------------------ DuckDB regions
-    def _sql(self, node: Plan) -> pa.Table:
+    def _sql(self, region: DuckDBRegion) -> pa.Table:
+        """A DuckDB region: one query over its inputs' Arrow tables."""
         b = _stages.StageSql(self.params, self.now, self.stage_tables)
         joins: list[tuple[Plan, Rel]] = []
-        rel = self._compile(b, node, joins).materialized(b.alias())  # waits for the inputs
+        node = region.logical
+        inputs = {id(i.logical): i for i in region.inputs}
+        rel = self._compile(b, node, joins, inputs).materialized(b.alias())  # runs the inputs
         if self.analyze:
             self.queries.append(rel.sql)
         t0 = time.perf_counter()  # the DuckDB query alone
@@ -804,18 +728,21 @@ class _Run:
                 }
         return table
 
-    def _compile(self, b: SqlBuilder, node: Plan, joins: list) -> Rel:
-        if not _needs_sql(node) or id(node) in self.unit_top:
+    def _compile(
+        self, b: SqlBuilder, node: Plan, joins: list, inputs: Mapping[int, Physical]
+    ) -> Rel:
+        inp = inputs.get(id(node))
+        if inp is not None:
             t0 = time.perf_counter()
-            table = self._eval(node)
+            table = self._run(inp)
             if id(node) not in self.node_stats:
                 self._record(node, table.num_rows, t0)
             rel = b.table(table)
-            rel.exprmap = _exprmap(node)
+            rel.exprmap = _planner.exprmap(node)
             return rel
         if isinstance(node, Join):
-            left = self._compile(b, node.left, joins).materialized(b.alias())
-            right = self._compile(b, node.right, joins).materialized(b.alias())
+            left = self._compile(b, node.left, joins, inputs).materialized(b.alias())
+            right = self._compile(b, node.right, joins, inputs).materialized(b.alias())
             both = Rel("", left.names + right.names, {**left.exprmap, **right.exprmap})
             on = self._expr_sql(b, node.on, both)
             kind = "LEFT JOIN" if node.how == "left" else "JOIN"
@@ -826,7 +753,7 @@ class _Run:
             joins.append((node, rel))
             self.node_stats.setdefault(id(node), {"op": self._header(node), "engine": "duckdb"})
             return rel
-        child = self._compile(b, node.children()[0], joins)
+        child = self._compile(b, node.children()[0], joins, inputs)
         self.node_stats.setdefault(id(node), {"op": self._header(node), "engine": "duckdb"})
         return self._compile_unary(b, node, child)
 
@@ -840,7 +767,7 @@ class _Run:
             return Rel(
                 f"SELECT {items} FROM ({child.sql}) AS {q}{order}",
                 [n for n, _, _ in node.items],
-                _exprmap(node),
+                _planner.exprmap(node),
                 ordered=bool(order),
             )
         if isinstance(node, Limit):
@@ -875,7 +802,9 @@ class _Run:
             )
             names = [n for n, _, _ in (*node.group_by, *node.aggregates)]
             return Rel(
-                f"SELECT {', '.join(cols)} FROM ({child.sql}) AS {q}{group}", names, _exprmap(node)
+                f"SELECT {', '.join(cols)} FROM ({child.sql}) AS {q}{group}",
+                names,
+                _planner.exprmap(node),
             )
         if isinstance(node, Derive):
             items = ", ".join(
@@ -962,11 +891,11 @@ class _Run:
             }
 
     def _header(self, node: Plan) -> str:
-        header = self.shape.headers.get(id(node))
+        header = self.pp.headers.get(id(node))
         return header if header is not None else node.header()
 
     def _explain(self, table: pa.Table, total_ms: float) -> str:
-        scan_alias = {id(leaf): alias for alias, leaf in self.shape.leaves.items()}
+        scan_alias = {id(u.leaf): alias for alias, u in self.units.items()}
 
         def annotate(node: Plan) -> str | None:
             s = self.node_stats.get(id(node))
@@ -1006,7 +935,7 @@ class _Run:
             return " ".join(parts)
 
         lines = [f"Result: {table.num_rows} rows in {total_ms:.2f} ms (binding {self.binding})"]
-        lines.append(self.plan.explain(annotate=annotate))
+        lines.append(self.pp.explain(annotate))
         for q in self.queries:
             lines.append(f"DuckDB: {q}")
         for alias, info in self.infos.items():
@@ -1045,43 +974,6 @@ class _SourceFailed(Exception):
         super().__init__(str(cause))
 
 
-NOW_PARAM = "__now"
-
-
-def _plan_params(plan: Plan) -> set[str]:
-    """Names of the session values a plan refers to."""
-    out: set[str] = set()
-
-    def collect(v: Any) -> None:
-        if isinstance(v, Expr):
-            out.update(v.params())
-        elif isinstance(v, tuple):
-            for x in v:
-                collect(x)
-        elif dataclasses.is_dataclass(v) and not isinstance(v, Plan | type):
-            for f in dataclasses.fields(v):
-                collect(getattr(v, f.name))
-
-    for node in plan.walk():
-        for f in dataclasses.fields(node):
-            v = getattr(node, f.name)
-            if not isinstance(v, Plan):
-                collect(v)
-        if isinstance(node, UserFunction):
-            out.update(node.params)
-    return out
-
-
-def _bind_now(e: Expr) -> Expr:
-    """``now()`` -> the ``__now`` parameter, so every source sees the same instant."""
-    return replace_expr(
-        e,
-        lambda n: (
-            Param(NOW_PARAM) if isinstance(n, Call) and n.name == "now" and not n.args else None
-        ),
-    )
-
-
 def _resolve_in(names: list[str], col: Column) -> str:
     return resolve(col, names, {})
 
@@ -1093,25 +985,6 @@ def _typed(sql: str, typ: pa.DataType) -> str:
     """Cast to the plan's declared type (DuckDB's sum of BIGINT is a 128-bit decimal)."""
     name = _DUCK_TYPES.get(typ)
     return f"CAST({sql} AS {name})" if name else sql
-
-
-def _needs_sql(node: Plan) -> bool:
-    if isinstance(node, Join | Aggregate):
-        return True
-    if isinstance(node, Filter | Project | Sort | Limit):
-        return _needs_sql(node.input)
-    return False
-
-
-def _exprmap(node: Plan) -> dict[Expr, str]:
-    """Expressions whose values a node outputs under a name (Project / Aggregate items)."""
-    if isinstance(node, Project):
-        return {e: n for n, e, _ in node.items}
-    if isinstance(node, Aggregate):
-        return {e: n for n, e, _ in (*node.group_by, *node.aggregates)}
-    if isinstance(node, Filter | Sort | Limit):
-        return _exprmap(node.input)
-    return {}
 
 
 def _kib(n: int) -> str:

@@ -11,7 +11,7 @@ order. Their results reach the rest of the plan in two ways:
   registers in the DuckDB query as ``EXISTS (SELECT 1 FROM <table> WHERE ...)``.
 
 A source unit whose filters use a stage's result is scheduled once that stage is done
-(``requires``).
+(``fabric.physical.SourceUnit.requires``).
 """
 
 from __future__ import annotations
@@ -23,52 +23,22 @@ from typing import Any
 import pyarrow as pa
 
 from connectors.arrow_expr import NotTranslatable
-from dsl.ast import Exists, Expr, Param
+from dsl.ast import Exists, Expr
 from dsl.types import is_stage_param
 from fabric.execute.sql import Rel, SqlBuilder, quote
-from fabric.plan.nodes import Filter, Plan, Scan, VectorSearch
+from fabric.physical.planner import parse_stage_param, stage_refs
 
 _ids = itertools.count()
 
 
-def parse_param(name: str) -> tuple[str, str]:
-    """``stage:S.col`` -> (S, col); ``stage:S:list`` -> (S, ':list')."""
-    rest = name[len("stage:") :]
-    if ":" in rest:
-        stage, _, what = rest.partition(":")
-        return stage, ":" + what
-    stage, _, col = rest.partition(".")
-    return stage, col
-
-
-def refs(e: Expr) -> set[str]:
-    """Names of the stages whose results ``e`` uses."""
-    out: set[str] = set()
-    for x in e.walk():
-        if isinstance(x, Exists):
-            out.add(x.stage)
-        elif isinstance(x, Param) and is_stage_param(x.name):
-            out.add(parse_param(x.name)[0])
-    return out
+# what a stage's parameters name and which stages an expression uses: the physical
+# planner's (it decides which units wait for which stages)
+parse_param = parse_stage_param
+refs = stage_refs
 
 
 def has_exists(e: Expr) -> bool:
     return any(isinstance(x, Exists) for x in e.walk())
-
-
-def unit_requires(leaf: Plan, chain: tuple[Plan, ...]) -> frozenset[str]:
-    """The stages a source unit (its scan and the Filter/Derive chain above) waits for."""
-    exprs: list[Expr] = []
-    if isinstance(leaf, Scan):
-        exprs += [*leaf.exact, *leaf.inexact]
-    elif isinstance(leaf, VectorSearch):
-        exprs += [*leaf.filters, leaf.query]
-    for node in chain:
-        if isinstance(node, Filter):
-            exprs.append(node.predicate)
-        else:
-            exprs += [e for _, e, _ in getattr(node, "items", ())]
-    return frozenset().union(*(refs(e) for e in exprs)) if exprs else frozenset()
 
 
 def bind(stage: str, table: pa.Table, names: set[str] | frozenset[str]) -> dict[str, Any]:
