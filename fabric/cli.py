@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dsl.errors import Diagnostic, DslError, Span
+from dsl.errors import Diagnostic, DslError
 
 
 def _print_diagnostics(diags: Sequence[Diagnostic], out: Any) -> None:
@@ -54,8 +54,15 @@ def _open(args: argparse.Namespace, *, watch: bool = False, reads: bool = False)
 
     path = _config_path(args.config)
     if path is None:
-        raise DslError.at(
-            "no fabric.yaml here", Span("fabric.yaml", 1, 1), "pass --config path/to/fabric.yaml"
+        raise DslError(
+            [
+                Diagnostic(
+                    f"no fabric.yaml in {Path.cwd()}",
+                    None,
+                    "pass --config path/to/fabric.yaml, or run `fabric init DIR` for a "
+                    "runnable example",
+                )
+            ]
         )
     offline = getattr(args, "offline", False)
     wait = getattr(args, "catch_up", None)
@@ -70,9 +77,12 @@ def _open(args: argparse.Namespace, *, watch: bool = False, reads: bool = False)
     return fab
 
 
-def _print_freshness(res: Any) -> None:
-    """One line per source read, on stderr: status, lag against the source, error."""
+def _print_freshness(res: Any, always: bool = False) -> None:
+    """One line per source read, on stderr: status, lag against the source, error (for a
+    source with a measured lag or not fresh; every source with ``always``)."""
     for alias, f in (res.freshness or {}).items():
+        if not (always or f.get("lag_messages") is not None or f.get("status") != "fresh"):
+            continue
         text = f"freshness: {alias} {f.get('uri')} {f.get('status')}"
         if f.get("flagged"):
             text += " (flagged)"
@@ -94,7 +104,17 @@ def _session(args: argparse.Namespace, compiled: Any) -> dict[str, Any]:
         if not sep:
             raise SystemExit(f"fabric: --session takes key=value, got {item!r}")
         t = compiled.session.get(key) if compiled is not None else None
-        if t is None:
+        if value.startswith("@"):
+            out[key] = _session_file(key, value[1:])
+        elif value[:1] in ("[", "{"):
+            try:
+                out[key] = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise SystemExit(
+                    f"fabric: --session {key}=...: not valid JSON ({e.msg} at column "
+                    f"{e.colno}); quote the whole value for the shell: --session '{key}=[1, 2]'"
+                ) from None
+        elif t is None:
             try:
                 out[key] = json.loads(value)
             except json.JSONDecodeError:
@@ -102,6 +122,26 @@ def _session(args: argparse.Namespace, compiled: Any) -> dict[str, Any]:
         else:
             out[key] = parse_cli_value(t, value)
     return out
+
+
+def _session_file(key: str, path: str) -> Any:
+    """``--session k=@file``: a value from a .npy file (e.g. a 384-d vector) or a .json file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SystemExit(f"fabric: --session {key}=@{path}: no such file")
+    if p.suffix == ".npy":
+        import numpy as np
+
+        try:
+            return np.load(p, allow_pickle=False).tolist()
+        except ValueError as e:
+            raise SystemExit(f"fabric: --session {key}=@{path}: not a .npy array ({e})") from None
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(
+            f"fabric: --session {key}=@{path}: not JSON ({e}); give a .json or .npy file"
+        ) from None
 
 
 # ------------------------------------------------------------------ commands
@@ -190,18 +230,103 @@ def cmd_query(args: argparse.Namespace) -> int:
             res = fab.query(args.name, _session(args, compiled))
         table = res.table
         _print_freshness(res)
-        if args.format == "json":
-            print(json.dumps(table.to_pylist(), default=str, indent=2))
-        else:
-            print(_table_text(table))
+        _write_result(args, res, table)
     return 0
 
 
-def _table_text(table: Any, max_rows: int = 50) -> str:
+def _json_value(v: Any) -> Any:
+    """JSON for values json does not know: ISO-8601 times, decimals as strings."""
+    import datetime as dt
+    import decimal
+
+    if isinstance(v, dt.datetime | dt.date | dt.time):
+        return v.isoformat()
+    if isinstance(v, dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)
+
+
+def _write_result(args: argparse.Namespace, res: Any, table: Any) -> None:
+    fmt = args.format
+    extra = {}
+    if args.freshness:
+        extra["freshness"] = res.freshness
+    if args.stats:
+        extra["stats"] = res.stats
+    if fmt in ("arrow", "parquet"):
+        out = sys.stdout.buffer if args.output in (None, "-") else open(args.output, "wb")  # noqa: SIM115
+        if out is sys.stdout.buffer and sys.stdout.isatty():
+            raise SystemExit(
+                f"fabric query: --format {fmt} is binary; give --output FILE or pipe it "
+                "(fabric query ... --format arrow | python -c ...)"
+            )
+        try:
+            if fmt == "arrow":
+                import pyarrow.ipc as ipc
+
+                with ipc.new_stream(out, table.schema) as w:
+                    w.write_table(table)
+            else:
+                import pyarrow.parquet as pq
+
+                pq.write_table(table, out)
+        finally:
+            if out is not sys.stdout.buffer:
+                out.close()
+        if extra:
+            print(json.dumps(extra, default=_json_value, indent=2), file=sys.stderr)
+        return
+    text_out = sys.stdout if args.output in (None, "-") else open(args.output, "w")  # noqa: SIM115
+    try:
+        if fmt == "json":
+            rows = table.to_pylist()
+            doc: Any = {"rows": rows, **extra} if extra else rows
+            print(json.dumps(doc, default=_json_value, indent=2), file=text_out)
+        elif fmt == "ndjson":
+            for row in table.to_pylist():
+                print(json.dumps(row, default=_json_value), file=text_out)
+            if extra:
+                print(json.dumps(extra, default=_json_value), file=text_out)
+        elif fmt == "csv":
+            import io
+
+            import pyarrow.csv as pacsv
+
+            buf = io.BytesIO()
+            pacsv.write_csv(table, buf)
+            text_out.write(buf.getvalue().decode())
+        else:
+            print(_table_text(table, color=_color(text_out)), file=text_out)
+            for name, value in extra.items():
+                print(f"{name}: {json.dumps(value, default=_json_value)}", file=text_out)
+    finally:
+        if text_out is not sys.stdout:
+            text_out.close()
+
+
+def _color(stream: Any) -> bool:
+    """Colours only on a terminal, never with NO_COLOR set (https://no-color.org)."""
+    import os
+
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _bold(text: str, on: bool) -> str:
+    return f"\033[1m{text}\033[0m" if on else text
+
+
+def _table_text(table: Any, max_rows: int = 50, color: bool = False) -> str:
     cols = table.column_names
     rows = [[_cell(v) for v in r.values()] for r in table.slice(0, max_rows).to_pylist()]
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
-    line = " | ".join(c.ljust(w) for c, w in zip(cols, widths))
+    line = " | ".join(_bold(c.ljust(w), color) for c, w in zip(cols, widths))
     out = [line, "-+-".join("-" * w for w in widths)]
     out += [" | ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
     if table.num_rows > max_rows:
@@ -211,8 +336,102 @@ def _table_text(table: Any, max_rows: int = 50) -> str:
 
 
 def _cell(v: Any) -> str:
-    s = "null" if v is None else str(v)
+    import datetime as dt
+
+    s = "null" if v is None else v.isoformat() if isinstance(v, dt.datetime) else str(v)
     return s if len(s) <= 60 else s[:57] + "..."
+
+
+_INIT_BINDING = """\
+binding: top_products
+description: The products ordered most, counting only orders of at least min_qty items
+session:
+  min_qty: int
+sources:
+  o:
+    from: file://local/orders.csv
+    where: qty >= {{session.min_qty}}
+  p:
+    from: file://local/products.parquet
+    join: p.id = o.product_id
+select: [p.name, p.category, sum(o.qty) as items, count(*) as orders]
+group_by: [p.name, p.category]
+order_by: items desc
+limit: 5
+"""
+
+_INIT_README = """\
+# A fabric scaffold (written by `fabric init`)
+
+    fabric validate                                   # fabric.yaml and agents/*.yaml
+    fabric query top_products --session min_qty=2     # run the binding
+    fabric explain top_products --session min_qty=2 --analyze
+    fabric query --text "from file://local/products.parquet as p select p.name limit 3"
+
+- `fabric.yaml`: one connection, `local`, a directory of files (`data/`); add MySQL,
+  PostgreSQL, MongoDB, Kafka or S3 connections next to it (docs/bindings.md).
+- `agents/top_products.yaml`: a binding joining `data/orders.csv` with
+  `data/products.parquet`, parameterized by the session value `min_qty`.
+- `data/`: deterministic sample data (200 products, 5,000 orders).
+
+The connection's `root` is the absolute path of `data/`: after moving the directory,
+edit it or run `fabric init` again.
+"""
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    root = Path(args.dir)
+    if (root / "fabric.yaml").exists() and not args.force:
+        print(
+            f"fabric init: {root / 'fabric.yaml'} exists; pass --force to overwrite",
+            file=sys.stderr,
+        )
+        return 2
+    (root / "agents").mkdir(parents=True, exist_ok=True)
+    (root / "data").mkdir(exist_ok=True)
+    rng = np.random.default_rng(7)
+    cats = ["books", "games", "garden", "kitchen", "toys"]
+    products = pa.table(
+        {
+            "id": pa.array(range(1, 201), pa.int64()),
+            "name": [f"product {i:03d}" for i in range(1, 201)],
+            "category": [cats[i % len(cats)] for i in range(200)],
+        }
+    )
+    n = 5_000
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    orders = pa.table(
+        {
+            "id": pa.array(range(1, n + 1), pa.int64()),
+            "product_id": pa.array(rng.zipf(1.5, n) % 200 + 1, pa.int64()),
+            "qty": pa.array(rng.integers(1, 6, n), pa.int64()),
+            "ordered_at": pa.array(
+                [start + dt.timedelta(minutes=int(m)) for m in rng.integers(0, 525_600, n)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    pq.write_table(products, root / "data" / "products.parquet")
+    pacsv.write_csv(orders, root / "data" / "orders.csv")
+    data = (root / "data").resolve()
+    (root / "fabric.yaml").write_text(
+        "# written by `fabric init`: a directory of files as the only source\n"
+        "connections:\n"
+        f"  local: {{kind: file, root: {json.dumps(str(data))}}}\n"
+        "bindings: [agents/]\n"
+    )
+    (root / "agents" / "top_products.yaml").write_text(_INIT_BINDING)
+    (root / "README.md").write_text(_INIT_README)
+    print(f"wrote {root}/: fabric.yaml, agents/top_products.yaml, data/ (2 files), README.md")
+    print(f"next: cd {root} && fabric query top_products --session min_qty=2")
+    return 0
 
 
 def cmd_delegate(module: str, argv: list[str]) -> int:
@@ -236,11 +455,75 @@ _CATCH_UP = (
 )
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("agent-data-fabric")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+_EXAMPLES = {
+    "fabric": """examples:
+  fabric demo                                   the five seed scenarios, no servers needed
+  fabric init myfabric && cd myfabric           a runnable scaffold with local data
+  fabric validate                               check fabric.yaml and every binding
+  fabric query top_products --session min_qty=2
+  fabric explain top_products --session min_qty=2 --analyze
+
+`fabric COMMAND --help` shows each command's options and examples; --debug before the
+command shows the Python traceback of an unexpected error.""",
+    "validate": """examples:
+  fabric validate                               fabric.yaml here and its bindings
+  fabric validate agents/ --config fabric.yaml  only these binding files
+  fabric validate agents/offers.yaml            syntax and the binding's own consistency
+  fabric validate --offline                     against declared schemas, no connection""",
+    "explain": """examples:
+  fabric explain top_products --session min_qty=2
+  fabric explain top_products --session min_qty=2 --analyze     run it: rows and times
+  fabric explain top_products --logical                         before optimization""",
+    "query": """examples:
+  fabric query top_products --session min_qty=2
+  fabric query top_products --session min_qty=2 --format json --freshness
+  fabric query news --session 'symbols=["AAPL", "NVDA"]' --session query_vec=@q.npy
+  fabric query --text "from file://data/products.csv as p select p.name limit 5"
+  fabric query top_products --format parquet -o out.parquet
+  fabric query top_products --format ndjson | head -3
+
+--session k=v takes the session type's text form, JSON ('k=[1, 2]') or @file (a .npy or
+.json file: a 384-d vector, a list).""",
+    "init": """examples:
+  fabric init myfabric          writes myfabric/fabric.yaml, agents/, data/ and a README
+  cd myfabric && fabric query top_products --session min_qty=2""",
+}
+
+
+def _sub(sub: Any, name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
+    return sub.add_parser(  # type: ignore[no-any-return]
+        name,
+        help=help,
+        description=help,
+        epilog=_EXAMPLES.get(name),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kw,
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fabric", description="The agent data fabric.")
+    p = argparse.ArgumentParser(
+        prog="fabric",
+        description="The agent data fabric: bindings compiled to query plans over your sources.",
+        epilog=_EXAMPLES["fabric"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"fabric {_version()}")
+    p.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an unexpected error"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("validate", help="check binding files (and fabric.yaml)")
+    v = _sub(sub, "validate", "check binding files (and fabric.yaml)")
     v.add_argument(
         "paths", nargs="*", help="binding files or directories (default: bindings: of fabric.yaml)"
     )
@@ -250,7 +533,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     v.set_defaults(fn=cmd_validate)
 
-    e = sub.add_parser("explain", help="print the plan of a binding")
+    e = _sub(sub, "explain", "print the plan of a binding")
     e.add_argument("name")
     e.add_argument("--session", action="append", metavar="K=V", help="a session value (repeatable)")
     e.add_argument("--analyze", action="store_true", help="run it and show actual rows and times")
@@ -260,19 +543,41 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--catch-up", type=float, metavar="S", help=_CATCH_UP)
     e.set_defaults(fn=cmd_explain)
 
-    q = sub.add_parser("query", help="run a binding (or --text) and print the result")
+    q = _sub(sub, "query", "run a binding (or --text) and print the result")
     q.add_argument("name", nargs="?")
     q.add_argument("--text", help="a compact text query instead of a binding name")
     q.add_argument("--session", action="append", metavar="K=V")
-    q.add_argument("--format", choices=("table", "json"), default="table")
+    q.add_argument(
+        "--format",
+        choices=("table", "json", "ndjson", "csv", "arrow", "parquet"),
+        default="table",
+        help="table (default), json (a list of rows; times in ISO 8601), ndjson, csv, "
+        "arrow (an IPC stream) or parquet",
+    )
+    q.add_argument("--output", "-o", metavar="FILE", help="write the result to FILE")
+    q.add_argument(
+        "--freshness", action="store_true", help="add each source's freshness to the output"
+    )
+    q.add_argument(
+        "--stats", action="store_true", help="add rows/bytes per source and times to the output"
+    )
     q.add_argument("--config")
     q.add_argument("--catch-up", type=float, metavar="S", help=_CATCH_UP)
     q.set_defaults(fn=cmd_query)
 
+    i = _sub(sub, "init", "write a runnable scaffold: fabric.yaml, a binding, local data")
+    i.add_argument("dir", help="the directory to write (created if missing)")
+    i.add_argument("--force", action="store_true", help="overwrite an existing fabric.yaml")
+    i.set_defaults(fn=cmd_init)
+
     sub.add_parser(
         "serve", help="serve freshness signals and metrics (fabric.server)", add_help=False
     )
-    sub.add_parser("demo", help="run the seed scenarios end to end (fabric.demo)", add_help=False)
+    sub.add_parser(
+        "demo",
+        help="run the seed scenarios end to end, no servers needed (fabric demo --help)",
+        add_help=False,
+    )
     sub.add_parser(
         "mcp", help="serve the bindings as MCP tools (fabric.service.mcp)", add_help=False
     )
@@ -281,6 +586,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `fabric query ... | head`: the reader is gone, say nothing
+        import os
+
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str]) -> int:
+    debug = False
+    if argv and argv[0] == "--debug":
+        debug, argv = True, argv[1:]
     if argv and argv[0] in ("serve", "demo", "mcp"):
         module = {"serve": "fabric.server", "demo": "fabric.demo", "mcp": "fabric.service.mcp"}
         return cmd_delegate(module[argv[0]], argv[1:])
@@ -302,6 +622,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (QueryError, SourceError) as e:  # a failing source: its message, never a traceback
         print(f"fabric: {mask(e)}", file=sys.stderr)
+        return 1
+    except (BrokenPipeError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # unexpected: one line, the traceback behind --debug
+        if debug or args.debug:
+            raise
+        print(
+            f"fabric: {type(e).__name__}: {mask(str(e))}\n"
+            "  (an unexpected error: run `fabric --debug ...` for the traceback, and please "
+            "report it)",
+            file=sys.stderr,
+        )
         return 1
 
 
