@@ -1,0 +1,292 @@
+"""One fabric for many agents, measured: N agent processes querying the seed bindings,
+(a) each with its own embedded fabric, (b) all through one ``fabric serve`` (Flight).
+
+    python benchmarks/service.py                  # 1, 4 and 16 agents, 5 s each
+    python benchmarks/service.py --agents 1 4 --seconds 3
+
+Per row: memory in total (RSS of every agent process, plus the server's in (b)), Kafka
+bytes consumed in total (the news topic once per fabric that ingests it, plus what the
+queries' Kafka scans read, from their stats), p50/p99 latency, throughput. Then the
+remote overhead per query over embedded, side by side in one process, for a 10-row
+result (goal: < 1 ms on loopback via Flight).
+
+Needs the servers of ``scripts/services``; loads the seed data under its own names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SEED = ROOT / "examples" / "seed"
+TOKEN = "bench-token-0123456789"
+SESSIONS = [("nearby_offers", {"user_id": u}) for u in range(1, 21)] + [
+    ("top_category_last_week", {"user_id": u}) for u in range(1, 21)
+]
+
+
+def _rss_mb(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _kafka_bytes(res: Any) -> int:
+    return sum(
+        int(s.get("bytes") or 0)
+        for s in res.stats.get("sources", {}).values()
+        if str(s.get("uri", "")).startswith("kafka://")
+    )
+
+
+def agent(mode: str, target: str, env: dict[str, str], seconds: float, out: Any) -> None:
+    """One agent process: query the seed bindings round-robin for ``seconds``."""
+    os.environ.update(env)
+    import fabric
+
+    if mode == "embedded":
+        fab: Any = fabric.open(target)
+        fab.catch_up(60)
+    else:
+        fab = fabric.connect(target, token=TOKEN)
+    for name, session in SESSIONS[:4]:  # warm: compile, connect
+        fab.query(name, session)
+    out.put(("ready", os.getpid()))
+    lat: list[float] = []
+    kbytes = 0
+    t_end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < t_end:
+        name, session = SESSIONS[i % len(SESSIONS)]
+        i += 1
+        t0 = time.perf_counter()
+        res = fab.query(name, session)
+        lat.append(time.perf_counter() - t0)
+        kbytes += _kafka_bytes(res)
+    out.put(("done", {"lat": lat, "rss": _rss_mb(), "kafka": kbytes}))
+    fab.close()
+
+
+def _config(work: Path, topic: str, tag: str) -> Path:
+    d = work / tag
+    shutil.copytree(SEED / "agents", d / "agents")
+    nearby = d / "agents" / "nearby_offers.yaml"
+    nearby.write_text(nearby.read_text().replace("location_stream", topic))
+    text = (SEED / "fabric.yaml").read_text()
+    text = re.sub(
+        r"^ingest:.*$",
+        'ingest: {checkpoint_dir: "${FABRIC_STATE_DIR}", group_prefix: "${FABRIC_GROUP}"}',
+        text,
+        flags=re.M,
+    )
+    text += (
+        f'\nagents:\n  bench: {{token: "{TOKEN}", bindings: ["*"], query_text: true, max_concurrent: 4, '
+        "max_queued: 256}\nserver: {query_workers: 4}\n"
+    )
+    (d / "fabric.yaml").write_text(text)
+    return d / "fabric.yaml"
+
+
+def topic_bytes(bootstrap: str, topic: str) -> int:
+    """Bytes (keys + values) in ``topic``: what one fabric ingesting it consumes."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-size-{os.getpid()}"})
+    md = c.list_topics(topic, timeout=10).topics[topic]
+    total = 0
+    for p in md.partitions:
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        if hi <= lo:
+            continue
+        c.assign([TopicPartition(topic, p, lo)])
+        n = 0
+        while n < hi - lo:
+            for m in c.consume(1000, timeout=5):
+                if m.error() is None:
+                    total += len(m.value() or b"") + len(m.key() or b"")
+                n += 1
+    c.close()
+    return total
+
+
+def run(mode: str, n: int, target: str, envs: list[dict[str, str]], seconds: float) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=agent, args=(mode, target, envs[i], seconds, q)) for i in range(n)]
+    for p in procs:
+        p.start()
+    ready = 0
+    while ready < n:
+        kind, _ = q.get(timeout=300)
+        ready += kind == "ready"
+    t0 = time.perf_counter()
+    results = []
+    while len(results) < n:
+        kind, r = q.get(timeout=300)
+        if kind == "done":
+            results.append(r)
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join(60)
+    lat = sorted(x for r in results for x in r["lat"])
+    return {
+        "rss": sum(r["rss"] for r in results),
+        "kafka_scan": sum(r["kafka"] for r in results),
+        "p50": lat[len(lat) // 2] * 1000,
+        "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+        "qps": len(lat) / wall,
+    }
+
+
+def overhead(config: Path, grpc: str, env: dict[str, str], reps: int) -> tuple[float, float]:
+    """p50 of the same 10-row query embedded and remote, alternating in one process."""
+    os.environ.update(env)
+    import fabric
+
+    text = "from mysql://shop/merchants as m where m.status = 'active' select m.id, m.name order by m.id limit 10"
+    fab = fabric.open(config, ingest=False)
+    remote = fabric.connect(grpc, token=TOKEN)
+    assert remote.query_text(text).table.num_rows == 10
+    emb, rem = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fab.query_text(text)
+        emb.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        remote.query_text(text)
+        rem.append(time.perf_counter() - t0)
+    fab.close()
+    return statistics.median(emb) * 1000, statistics.median(rem) * 1000
+
+
+def cleanup(env: dict[str, str]) -> None:
+    """Drop what the benchmark loaded (its own database, collection, topics)."""
+    import contextlib
+
+    import sqlalchemy as sa
+    from confluent_kafka.admin import AdminClient
+    from pymongo import MongoClient
+
+    with contextlib.suppress(Exception):
+        server, _, db = env["FABRIC_SHOP_URL"].rpartition("/")
+        eng = sa.create_engine(server + "/")
+        with eng.begin() as c:
+            c.execute(sa.text(f"DROP DATABASE IF EXISTS `{db}`"))
+        eng.dispose()
+    with contextlib.suppress(Exception):
+        MongoClient(env["FABRIC_MONGO_URL"]).drop_database(env["FABRIC_CRM_DB"])
+    with contextlib.suppress(Exception):
+        admin = AdminClient({"bootstrap.servers": env["FABRIC_KAFKA_BOOTSTRAP"]})
+        admin.delete_topics([env["FABRIC_LOCATION_TOPIC"], env["FABRIC_NEWS_TOPIC"]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--reps", type=int, default=300, help="repetitions of the overhead query")
+    args = ap.parse_args(argv)
+    from examples.seed.data import generate
+    from examples.seed.load import environment, load_all
+
+    prefix = f"bench_service_{os.getpid()}"
+    env = environment(prefix)
+    env["FABRIC_LOCATION_TOPIC"] = f"{prefix}_locations"
+    work = Path(tempfile.mkdtemp(prefix="fabric-bench-service-"))
+    from crypto import KeyRing
+
+    (work / "agent.pub").write_bytes(KeyRing.generate().public_context())
+    env["FABRIC_AGENT_PUBLIC_CONTEXT"] = str(work / "agent.pub")
+    data = generate(users=30, merchants=1000, coupons=3000, orders=5000, news=500)
+    load_all(env, data)
+    config = _config(work, env["FABRIC_LOCATION_TOPIC"], "cfg")
+    news_bytes = topic_bytes(env["FABRIC_KAFKA_BOOTSTRAP"], env["FABRIC_NEWS_TOPIC"])
+
+    def fab_env(tag: str) -> dict[str, str]:
+        return {
+            **env,
+            "FABRIC_STATE_DIR": str(work / f"state-{tag}"),
+            "FABRIC_GROUP": f"{prefix}_{tag}",
+        }
+
+    server_env = {**os.environ, **fab_env("server")}
+    srv = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "fabric", "serve", "--config", str(config)),
+            *("--port", "0", "--flight-port", "0", "--log-level", "warning"),
+        ],
+        env=server_env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    grpc = http = ""
+    while not http:
+        line = srv.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise SystemExit("fabric serve did not start")
+        if m := re.search(r"queries on (grpc://\S+)", line):
+            grpc = m.group(1)
+        if m := re.search(r"listening on (http://\S+)", line):
+            http = m.group(1)
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(http + "/readyz", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.2)
+    rows = []
+    try:
+        for n in args.agents:
+            e = run(
+                "embedded", n, str(config), [fab_env(f"a{n}_{i}") for i in range(n)], args.seconds
+            )
+            e["kafka"] = news_bytes * n + e["kafka_scan"]
+            rows.append(("embedded", n, e))
+            s = run("served", n, grpc, [dict(env)] * n, args.seconds)
+            s["rss"] += _rss_mb(srv.pid)
+            s["kafka"] = news_bytes + s["kafka_scan"]
+            rows.append(("served", n, s))
+        emb_p50, rem_p50 = overhead(config, grpc, fab_env("overhead"), args.reps)
+    finally:
+        srv.terminate()
+        srv.wait(20)
+        cleanup(env)
+    print(f"\nseed bindings (nearby_offers, top_category_last_week), {args.seconds:g} s per row")
+    print(
+        f"{'mode':<9} {'agents':>6} {'memory MB':>10} {'kafka MB':>9} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'queries/s':>10}"
+    )
+    for mode, n, r in rows:
+        print(
+            f"{mode:<9} {n:>6} {r['rss']:>10.0f} {r['kafka'] / 1e6:>9.2f} {r['p50']:>8.2f} "
+            f"{r['p99']:>8.2f} {r['qps']:>10.1f}"
+        )
+    print(
+        "\nkafka MB: the news topic once per ingesting fabric "
+        f"({news_bytes / 1e6:.2f} MB each) plus the queries' Kafka scans (their stats)"
+    )
+    print(
+        f"\n10-row query, {args.reps} reps alternating in one process: embedded p50 "
+        f"{emb_p50:.3f} ms, remote (Flight) p50 {rem_p50:.3f} ms, overhead "
+        f"{rem_p50 - emb_p50:.3f} ms (goal < 1 ms)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
