@@ -48,6 +48,39 @@ SQL_KINDS = ("mysql", "postgres", "sql")
 FILE_KINDS = ("s3", "file")
 
 
+# the Python module a driver error names -> the extra that installs it
+DRIVER_EXTRAS = {
+    "psycopg": "postgres",
+    "psycopg2": "postgres",
+    "pymysql": "mysql",
+    "MySQLdb": "mysql",
+    "mariadb": "mysql",
+    "pymongo": "mongo",
+    "bson": "mongo",
+    "confluent_kafka": "kafka",
+    "tenseal": "crypto",
+}
+
+
+def _missing_driver(name: str, cc: Any, e: ImportError, span: Span | None) -> DslError:
+    """A driver that is not installed: said at the connection's line of fabric.yaml, with
+    the extra that installs it (not the import's traceback)."""
+    module = (e.name or str(e)).split(".")[0]
+    extra = DRIVER_EXTRAS.get(module)
+    kind = cc.kind if cc is not None else "?"
+    hint = (
+        f"pip install 'agent-data-fabric[{extra}]'"
+        if extra
+        else f"install the Python package {module!r}"
+    )
+    where = cc.span if cc is not None and cc.span is not None else span
+    return DslError.at(
+        f"connection '{name}' ({kind}) needs the Python module {module!r}, which is not installed",
+        where,
+        hint,
+    )
+
+
 def _interchangeable(a: str, b: str) -> bool:
     """A mysql:// source reads any SQL connection and an s3:// source a local directory
     (``kind: file``), so one binding runs on the full servers and on embedded defaults."""
@@ -175,7 +208,9 @@ class Catalog:
                 )
             try:
                 conn = open_connection(name, cc.options)
-            except (ImportError, AttributeError) as e:
+            except ImportError as e:
+                raise _missing_driver(name, cc, e, span) from None
+            except AttributeError as e:
                 raise DslError.at(
                     f"connection '{name}' ({cc.kind}) is not available: {e}", span
                 ) from None
@@ -260,6 +295,8 @@ class Catalog:
             raise DslError.at(
                 f"{uri} does not exist", span, nearest(obj, e.existing, what)
             ) from None
+        except ImportError as e:  # the driver is imported when first used
+            raise _missing_driver(conn_name, cc, e, span) from None
         except SourceError as e:
             raise DslError.at(
                 f"cannot plan over {uri}: {e}",
