@@ -2,8 +2,10 @@
 
     .venv/bin/python benchmarks/connectors.py pushdown [--rows 200000] [--repeat 7]
     .venv/bin/python benchmarks/connectors.py kafka-tail [--repeat 30] [--big 100000] [--load]
+    .venv/bin/python benchmarks/connectors.py drivers [--sf 0.1] [--repeat 5]
 
-``pushdown`` (below) and ``kafka-tail`` (see ``kafka_tail()``).
+``pushdown`` (below), ``kafka-tail`` (see ``kafka_tail()``) and ``drivers`` (rows/s of each
+SQL driver and Parquet reading option next to the fastest its ecosystem has: ``drivers()``).
 
 Needs `scripts/services up`. Loads the same N merchants into MariaDB, PostgreSQL, MongoDB
 (N/4: SecantusDB inserts slowly), S3 Parquet and a Kafka topic (noida), then times for each:
@@ -394,9 +396,207 @@ def nearby_offers(a: argparse.Namespace, before: Any) -> None:
     print(f"{label:<22} | " + " | ".join(f"{c:>17}" for c in cells) + f" | {ratio:.0f}x")
 
 
+# ------------------------------------------------------------------------------ drivers
+# Rows/s of each source's scan through the fabric's connector with each driver it can use,
+# next to the fastest way its ecosystem offers (which may not keep types exact or bind
+# parameters: said in the "note" column), on TPC-H SF --sf tables as benchmarks/tpch
+# loads them: MariaDB orders, PostgreSQL partsupp, S3 Parquet lineitem (Q1's 7 columns).
+
+ORDERS = (
+    "o_orderkey",
+    "o_custkey",
+    "o_orderstatus",
+    "o_totalprice",
+    "o_orderdate",
+    "o_orderpriority",
+)
+PARTSUPP = ("ps_partkey", "ps_suppkey", "ps_availqty", "ps_supplycost", "ps_comment")
+LINEITEM = (
+    "l_returnflag",
+    "l_linestatus",
+    "l_quantity",
+    "l_extendedprice",
+    "l_discount",
+    "l_tax",
+    "l_shipdate",
+)
+
+
+def _median_ms(fn: Callable[[], int], repeat: int) -> tuple[float, int]:
+    fn()  # warm: connections, footers, plans
+    times, rows = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        rows = fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times), rows
+
+
+def _connector(conn: Any, obj: str, cols: tuple[str, ...]) -> Callable[[], int]:
+    src = conn.source(obj)
+    return lambda: (
+        pa.Table.from_batches(
+            list(src.scan(ScanRequest(columns=cols))),
+            schema=pa.schema([src.schema().field(c) for c in cols]),
+        ).num_rows
+    )
+
+
+def _mysql_ways(url: str) -> list[tuple[str, Callable[[], int], str]]:
+    import importlib.util
+
+    from sqlalchemy.engine import make_url
+
+    from connectors.sql import SqlConnection
+    from connectors.sql_drivers import MYSQL_DRIVERS
+
+    ways: list[tuple[str, Callable[[], int], str]] = []
+    for driver, module in (*MYSQL_DRIVERS, ("mysqldb", "MySQLdb")):
+        if importlib.util.find_spec(module) is None:
+            continue
+        conn = SqlConnection("b", {"kind": "mysql", "url": url, "driver": driver})
+        ways.append(
+            (f"connector, {driver}", _connector(conn, "orders", ORDERS), "Arrow, exact types")
+        )
+    u = make_url(url)
+    sql = f"SELECT {', '.join(ORDERS)} FROM orders WHERE o_orderkey > ?"
+    if importlib.util.find_spec("mariadb"):
+        import mariadb
+
+        def raw_mariadb() -> int:
+            c = mariadb.connect(
+                user=u.username, password=u.password, host=u.host, port=u.port, database=u.database
+            )
+            try:
+                cur = c.cursor(binary=True, buffered=True)
+                cur.execute(sql, (0,))
+                return len(cur.fetchall())
+            finally:
+                c.close()
+
+        ways.append(("mariadb cursor only", raw_mariadb, "tuples, no Arrow (driver floor)"))
+    if importlib.util.find_spec("connectorx"):
+        import connectorx
+
+        def cx() -> int:
+            q = sql.replace("?", "0")  # text only: connectorx cannot bind parameters
+            return int(
+                connectorx.read_sql(str(u.set(drivername="mysql")), q, return_type="arrow").num_rows
+            )
+
+        ways.append(("connectorx", cx, "Arrow; no bound parameters: not usable"))
+    return ways
+
+
+def _pg_ways(url: str) -> list[tuple[str, Callable[[], int], str]]:
+    import importlib.util
+
+    from sqlalchemy.engine import make_url
+
+    from connectors.sql import SqlConnection
+
+    conn = SqlConnection("b", {"kind": "postgres", "url": url})
+    ways = [("connector, psycopg", _connector(conn, "partsupp", PARTSUPP), "Arrow, exact types")]
+    u = make_url(url)
+    dsn = u.set(drivername="postgresql").render_as_string(hide_password=False)
+    sql = f"SELECT {', '.join(PARTSUPP)} FROM partsupp WHERE ps_partkey > $1"
+    import psycopg
+
+    def raw_psycopg() -> int:
+        with psycopg.connect(dsn) as c:
+            cur = c.cursor(binary=True)
+            cur.execute(sql.replace("$1", "%s"), (0,))
+            return len(cur.fetchall())
+
+    ways.append(("psycopg binary cursor only", raw_psycopg, "tuples, no Arrow (driver floor)"))
+    if importlib.util.find_spec("adbc_driver_postgresql"):
+        import adbc_driver_postgresql.dbapi as adbc
+
+        def raw_adbc() -> int:
+            with adbc.connect(dsn) as c, c.cursor() as cur:
+                cur.execute(sql, (0,))
+                return int(cur.fetch_arrow_table().num_rows)
+
+        ways.append(("ADBC postgresql", raw_adbc, "Arrow; NUMERIC as text (needs a cast)"))
+    return ways
+
+
+def _s3_ways(data: Any) -> list[tuple[str, Callable[[], int], str]]:
+    import pyarrow.dataset as ds
+
+    from connectors.s3 import S3Connection
+
+    conn = S3Connection(
+        "lake",
+        {
+            "kind": "s3",
+            "endpoint": data.s3_endpoint,
+            "bucket": "tpch",
+            "prefix": data.s3_prefix,
+            "access_key": data.s3_access_key,
+            "secret_key": data.s3_secret_key,
+        },
+    )
+    ways = [("connector", _connector(conn, "lineitem/", LINEITEM), "Arrow, exact types")]
+    fs = conn.fs
+    paths = [f"tpch/{data.s3_prefix}lineitem/part-{i}.parquet" for i in range(4)]
+    for label, fmt in (
+        ("pyarrow dataset, pre_buffer", ds.ParquetFileFormat()),
+        (
+            "pyarrow dataset, no pre_buffer",
+            ds.ParquetFileFormat(
+                default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False)
+            ),
+        ),
+    ):
+        dataset = ds.dataset(paths, filesystem=fs, format=fmt)
+        ways.append((label, lambda d=dataset: d.to_table(columns=list(LINEITEM)).num_rows, "Arrow"))
+    import duckdb
+
+    con = duckdb.connect()
+    con.register("lineitem", ds.dataset(paths, filesystem=fs, format="parquet"))
+
+    def duck() -> int:
+        return int(
+            con.execute(
+                "SELECT count(l_returnflag), count(l_linestatus), sum(l_quantity), "
+                "sum(l_extendedprice), sum(l_discount), sum(l_tax), max(l_shipdate), count(*) "
+                "FROM lineitem"
+            ).fetchone()[0]
+        )  # type: ignore[index]
+
+    ways.append(("DuckDB over the dataset", duck, "aggregates every column (no Arrow out)"))
+    return ways
+
+
+def drivers(a: argparse.Namespace) -> None:
+    from benchmarks.tpch import load as tpch_load
+
+    data = tpch_load.prepare(a.sf)
+    print(f"TPC-H SF {a.sf:g}: p50 of {a.repeat} full scans after one warm-up", flush=True)
+    print(
+        f"{'source':<22} {'way':<32} {'p50 ms':>8} {'rows':>8} {'rows/s':>10} {'x best':>7}  note"
+    )
+    for name, ways in (
+        (f"MariaDB orders x{len(ORDERS)}", _mysql_ways(data.mariadb_url)),
+        (f"PostgreSQL partsupp x{len(PARTSUPP)}", _pg_ways(data.pg_url)),
+        (f"S3 lineitem x{len(LINEITEM)}", _s3_ways(data)),
+    ):
+        results = [(label, *_median_ms(fn, a.repeat), note) for label, fn, note in ways]
+        best = min(r[1] for r in results)
+        for label, ms, rows, note in results:
+            print(
+                f"{name:<22} {label:<32} {ms:>8.0f} {rows:>8} {rows / ms * 1000:>10.0f} {ms / best:>6.1f}x  {note}",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("which", choices=["pushdown", "kafka-tail"], nargs="?", default="kafka-tail")
+    ap.add_argument(
+        "which", choices=["pushdown", "kafka-tail", "drivers"], nargs="?", default="kafka-tail"
+    )
+    ap.add_argument("--sf", type=float, default=0.1, help="drivers: TPC-H scale factor")
     ap.add_argument("--rows", type=int, default=200_000, help="pushdown: rows per source")
     ap.add_argument(
         "--repeat", type=int, default=None, help="timed runs (7 pushdown, 30 kafka-tail)"
@@ -410,6 +610,9 @@ def main() -> None:
     if a.which == "pushdown":
         a.repeat = a.repeat or 7
         pushdown(a)
+    elif a.which == "drivers":
+        a.repeat = a.repeat or 5
+        drivers(a)
     else:
         a.repeat = a.repeat or 30
         kafka_tail(a)
