@@ -71,6 +71,11 @@ def eval_constant(e: Expr, params: Mapping[str, Any], now: dt.datetime | None = 
         return params[e.name]
     if isinstance(e, Call) and e.name == "now" and not e.args:
         return now or utcnow()
+    if isinstance(e, Call) and e.name == "embed" and len(e.args) == 3:
+        from fabric.embed import embed_one  # embed(session.q, 'model', dim): fabric.plan.builder
+
+        model, dim = (eval_constant(a, params, now) for a in e.args[1:])
+        return embed_one(eval_constant(e.args[0], params, now), model, dim)
     if isinstance(e, Unary):
         v = eval_constant(e.operand, params, now)
         if v is None:

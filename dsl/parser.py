@@ -184,10 +184,16 @@ def _unquote(tok: str) -> str:
 
 
 _PARAM = re.compile(r"^\{\{\s*session\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}$")
+_EMBED = re.compile(
+    r"^\{\{\s*embed\s*\(\s*session\.([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*\}\}$", re.IGNORECASE
+)
 
 
-def _param(tok: Token) -> A.Param:
+def _param(tok: Token) -> A.Expr:
     m = _PARAM.match(str(tok))
+    e = _EMBED.match(str(tok))
+    if e:  # {{embed(session.q)}}: the fabric embeds the text (fabric.plan.builder types it)
+        return A.Call("embed", (A.Param(e.group(1), span=_tsp(tok)),), span=_tsp(tok))
     if not m:
         raise DslError.at(
             f"bad placeholder {tok}", _tsp(tok), "session values are written {{session.<name>}}"

@@ -121,7 +121,9 @@ DATASET_KEYS = (
     "time_column",
     "where",
     "refresh",
+    "embed",
 )
+EMBED_KEYS = ("from", "into", "model")
 REFRESH_KEYS = ("mode", "every", "cursor")
 REFRESH_MODES = ("full", "append", "changes")
 INDEX_KINDS = ("hnsw", "btree", "inverted")
@@ -216,6 +218,8 @@ class DatasetConfig:
     span: Span | None = field(default=None, compare=False)
     refresh: RefreshConfig | None = None  # set for every non-Kafka ``from:``
     from_span: Span | None = field(default=None, compare=False)
+    #: fabric.embed.EmbedSpec: vector columns computed from text columns as rows arrive
+    embed: tuple[Any, ...] = ()
 
     def index(self, column: str) -> IndexConfig | None:
         return next((i for i in self.indexes if i.column == column), None)
@@ -608,6 +612,7 @@ def _datasets(
                     )
             desc = y.string(dm, "description", "description") if "description" in dm else None
             refresh = _refresh(L, dm, schema, from_uri, conns)
+            embeds = _embed(L, dm, schema, key_col) if "embed" in dm else ()
             out[name] = DatasetConfig(
                 name,
                 schema,
@@ -620,10 +625,59 @@ def _datasets(
                 span=y.key_span(m, key),
                 refresh=refresh,
                 from_span=y.value_span(dm, "from") if from_uri else None,
+                embed=embeds,
             )
 
         L.collect(one)
     return out
+
+
+def _embed(L: _Loader, dm: YamlMap, schema: pa.Schema, key: str | None) -> tuple[Any, ...]:
+    """``embed: {from: body, into: embedding, model: hash}`` (or a list of them)."""
+    from fabric.embed import DEFAULT_MODEL, EmbedSpec, check_model
+
+    y = L.y
+    v = dm["embed"]
+    entries = [(v, i) for i in range(len(v))] if isinstance(v, YamlSeq) else [(dm, "embed")]
+    out: list[EmbedSpec] = []
+    for c, k in entries:
+        em = y.mapping(c, k, "embed")
+        y.check_keys(em, EMBED_KEYS, "embed", required=("from", "into"))
+        src = y.string(em, "from", "embed from")
+        into = y.string(em, "into", "embed into")
+        for col, what in ((src, "from"), (into, "into")):
+            if col not in schema.names:
+                raise y.error(
+                    f"embed {what} column '{col}' is not in the schema",
+                    y.value_span(em, what),
+                    did_you_mean(col, schema.names, "columns"),
+                )
+        if not pa.types.is_string(schema.field(src).type):
+            raise y.error(
+                f"embed from column '{src}' is {P_type(schema.field(src).type)}; it must be str",
+                y.value_span(em, "from"),
+                "embed a text column",
+            )
+        t = schema.field(into).type
+        if not pa.types.is_fixed_size_list(t):
+            raise y.error(
+                f"embed into column '{into}' is {P_type(t)}; it must be vector[N]",
+                y.value_span(em, "into"),
+                f"declare {into}: vector[384] (the model's width) in the schema",
+            )
+        if into == key or any(e.into == into for e in out):
+            raise y.error(
+                f"column '{into}' is "
+                + ("the key" if into == key else "already computed by another embed"),
+                y.value_span(em, "into"),
+                "embed into a vector column of its own",
+            )
+        model = y.string(em, "model", "embed model") if "model" in em else DEFAULT_MODEL
+        problem = check_model(model)
+        if problem:
+            raise y.error(problem, y.value_span(em, "model"))
+        out.append(EmbedSpec(src, into, model, span=y.key_span(dm, "embed")))
+    return tuple(out)
 
 
 def _refresh(

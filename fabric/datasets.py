@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsl.errors import did_you_mean
+from fabric import embed
 from fabric.freshness import FreshnessTracker
 from fabric.ingest import checkpoint
 from fabric.ingest.kafka import IngestOptions, KafkaIngestor
@@ -58,6 +59,8 @@ class DatasetDecl:
     from_uri: str | None = None  # kafka://<connection>/<topic>, or None (filled through upsert)
     #: fabric.config.RefreshConfig of a dataset fed from a table, collection or file
     refresh: Any = None
+    #: fabric.embed.EmbedSpec: vector columns computed from text as rows arrive
+    embed: tuple[Any, ...] = ()
 
     def kafka_feed(self) -> tuple[str, str] | None:
         """(connection, topic) when fed from Kafka."""
@@ -77,7 +80,15 @@ class DatasetDecl:
                 f"dataset {d.name}: a materialized dataset needs 'key:' (the column rows are upserted by)"
             )
         indexes = {i.column: {"kind": i.kind, **_index_options(i.options)} for i in d.indexes}
-        return cls(d.name, d.schema, d.key, indexes, d.from_uri, getattr(d, "refresh", None))
+        return cls(
+            d.name,
+            d.schema,
+            d.key,
+            indexes,
+            d.from_uri,
+            getattr(d, "refresh", None),
+            tuple(getattr(d, "embed", ())),
+        )
 
     def refreshed_from(self) -> tuple[str, str] | None:
         """(connection, object) when materialized from a non-Kafka source."""
@@ -151,6 +162,7 @@ class DatasetManager:
             if d.name not in self.datasets:
                 self.datasets[d.name] = ds = self._load_or_create(d)
                 self._saved_version[d.name] = ds.version
+                ds.computed = embed.filler(d.embed, d.schema)  # every write path passes here
             if d.refreshed_from() is not None and d.name not in self.refreshers:
                 self.refreshers[d.name] = Refresher(self, d, self._meta.get(d.name, {}))
         return self

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -120,6 +120,8 @@ class Dataset:
         self._folder: threading.Thread | None = None
         self._closed = False
         self.fold_holds: deque[float] = deque(maxlen=1024)  # recent write-lock holds, ms
+        #: rows -> rows computing declared columns before a write (fabric.embed.filler)
+        self.computed: Callable[[Any], pa.Table] | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -163,6 +165,8 @@ class Dataset:
         return self._write(table, replace=False)
 
     def _write(self, table: pa.Table | pa.RecordBatch, replace: bool) -> int:
+        if self.computed is not None:
+            table = self.computed(table)
         table = self._conform(table)
         if table.num_rows == 0:
             return 0

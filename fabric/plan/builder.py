@@ -657,14 +657,17 @@ class _Builder:
             nr.to, lambda _: None, pre=partial(self._subquery, scope=[], local=None, what="nearest")
         )
         nr = dataclasses.replace(nr, to=to)
-        if nr.to.columns():
+        embedded = isinstance(nr.to, A.Call) and nr.to.name == "embed"
+        if isinstance(nr.to, A.Call) and embedded:  # typed by embed_query: vector[N]
+            nr = dataclasses.replace(nr, to=self.embed_query(nr.to, view, col, ct.list_size))
+        elif nr.to.columns():
             raise DslError.at(
                 "nearest to: must be a session value or a constant vector, not a column",
                 nr.to.span,
                 'e.g. to: "{{session.query_vec}}"',
             )
         self.check_not_encrypted(nr.to, "nearest")
-        tt = infer(nr.to, self.env([alias]))
+        tt = ct if embedded else infer(nr.to, self.env([alias]))
         size = vector_size(nr.to, tt)
         if not (
             pa.types.is_fixed_size_list(tt)
@@ -689,6 +692,38 @@ class _Builder:
         filters = tuple(A.unqualify(e) for e in local)
         return N.VectorSearch(
             alias, view.uri, schema, col, nr.to, nr.k, filters, metric=metric, freshness=fresh
+        )
+
+    def embed_query(self, call: A.Call, view: Any, col: str, dim: int) -> A.Call:
+        """``{{embed(session.q)}}``: the text ``q`` embedded at run time by the model the
+        dataset declared for ``col`` (``embed: {into: col, model: ...}``), else ``hash``;
+        becomes ``embed(q, '<model>', <dim>)``, typed vector[dim]."""
+        from fabric.embed import DEFAULT_MODEL
+
+        arg = call.args[0] if len(call.args) == 1 else None
+        if not isinstance(arg, A.Param):
+            raise DslError.at(
+                "embed() takes one session value", call.span, "write {{embed(session.question)}}"
+            )
+        if arg.name not in self.params:
+            raise DslError.at(
+                f"unknown session value '{arg.name}' in embed()",
+                call.span,
+                did_you_mean(arg.name, self.params, "session values"),
+            )
+        at = infer(arg, self.env([]))
+        if not (pa.types.is_string(at) or pa.types.is_large_string(at)):
+            raise DslError.at(
+                f"embed() needs text; session value '{arg.name}' is {name_of(at)}",
+                call.span,
+                f"declare {arg.name}: str",
+            )
+        specs = getattr(view.dataset, "embed", ()) if view.dataset is not None else ()
+        model = next((e.model for e in specs if e.into == col), DEFAULT_MODEL)
+        return A.Call(
+            "embed",
+            (arg, A.Literal(model, "str"), A.Literal(dim, "int")),
+            span=call.span,
         )
 
     def join_condition(self, s: SourceSpec, joined: list[str]) -> A.Expr:
