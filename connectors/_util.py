@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from dsl.ast import Between, Binary, Call, Column, Expr, InList, Like, Param
+from dsl.errors import FabricError
 
 _SCALARS: dict[str, pa.DataType] = {
     "int": pa.int64(),
@@ -42,7 +43,7 @@ _GENERIC = re.compile(r"^\s*(list|vector)\s*\[\s*(.+?)\s*\]\s*$", re.I)
 JSON_META = b"fabric.type"  # field metadata key marking a column of JSON text
 
 
-class BadValueError(ValueError):
+class BadValueError(FabricError, ValueError):
     """A session value does not fit the column it is compared with."""
 
 

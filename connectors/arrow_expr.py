@@ -33,10 +33,11 @@ from dsl.ast import (
     Param,
     Unary,
 )
+from dsl.errors import FabricError
 from dsl.types import CalendarInterval
 
 
-class NotTranslatable(ValueError):
+class NotTranslatable(FabricError, ValueError):
     """The expression uses something pyarrow compute cannot evaluate here."""
 
 

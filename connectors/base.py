@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import importlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from connectors.credentials import mask, remember
 from dsl.ast import Expr, SortKey
+from dsl.errors import FabricError
 
 
 class Pushdown(enum.Enum):
@@ -39,7 +40,7 @@ class Pushdown(enum.Enum):
     UNSUPPORTED = "unsupported"
 
 
-class SourceError(Exception):
+class SourceError(FabricError):
     """A source failed (down, timed out, refused). Names the source; the executor adds the binding.
     Credentials in the message and the hint are masked (``connectors.credentials``)."""
 
@@ -51,13 +52,39 @@ class SourceError(Exception):
         super().__init__(f"source {uri}: {message}" + (f" (hint: {hint})" if hint else ""))
 
 
-class UnknownObjectError(LookupError):
+class UnknownObjectError(FabricError, LookupError):
     """The connection has no such table / collection / path / topic."""
 
     def __init__(self, uri: str, existing: list[str]):
         self.uri = uri
         self.existing = existing
         super().__init__(f"{uri} does not exist; existing: {', '.join(existing) or '(none)'}")
+
+
+class UnknownColumnError(FabricError, KeyError):
+    """A scan asked a source for columns it does not have; names them and the existing ones."""
+
+    def __init__(self, uri: str, columns: Sequence[str], existing: Sequence[str]):
+        self.uri = uri
+        self.columns = list(columns)
+        self.existing = list(existing)
+        self.message = (
+            f"{uri} has no column {', '.join(self.columns)}; existing: {', '.join(self.existing)}"
+        )
+        super().__init__(self.message)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.message
+
+
+def check_columns(uri: str, wanted: Sequence[str] | None, existing: Sequence[str]) -> None:
+    """Raise ``UnknownColumnError`` if ``wanted`` names a column not in ``existing``."""
+    if wanted is None:
+        return
+    have = set(existing)
+    missing = [c for c in wanted if c not in have]
+    if missing:
+        raise UnknownColumnError(uri, missing, existing)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from connectors.base import (
     Source,
     Statistics,
     UnknownObjectError,
+    check_columns,
 )
 from dsl.ast import Expr, and_all
 from indexes import Dataset
@@ -50,6 +51,7 @@ class DatasetSource(Source):
         return Statistics(row_count=st["rows"], exact=True, columns=cols)
 
     def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        check_columns(self.uri, request.columns, self.schema().names)
         where = and_all(list(request.filters))
         t = self.dataset.scan(where, request.params, request.columns, request.limit)
         yield from t.to_batches(max_chunksize=request.batch_size)

@@ -56,6 +56,7 @@ from connectors.base import (
     Statistics,
     UnknownObjectError,
     Watermark,
+    check_columns,
 )
 from connectors.json_decode import decode_json_messages, infer_schema
 from connectors.s3 import arrow_filter_ok
@@ -507,11 +508,7 @@ class KafkaSource(Source):
 
     def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
         cols = list(request.columns) if request.columns is not None else self._schema.names
-        unknown = [c for c in cols if c not in self._schema.names]
-        if unknown:
-            raise KeyError(
-                f"{self.uri} has no column {', '.join(unknown)}; existing: {', '.join(self._schema.names)}"
-            )
+        check_columns(self.uri, cols, self._schema.names)
         params = typed_params(request.filters, request.params, self._schema, self.uri)
         pred = and_all(list(request.filters))
         expr = (

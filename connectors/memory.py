@@ -22,6 +22,7 @@ from connectors.base import (
     Source,
     Statistics,
     UnknownObjectError,
+    check_columns,
 )
 from dsl.ast import Expr
 
@@ -60,6 +61,7 @@ class MemorySource(Source):
     def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
         self.scans += 1
         t = self.table
+        check_columns(self.uri, request.columns, t.column_names)
         for f in request.filters:
             t = filter_table(t, f, request.params)
         if request.order_by:

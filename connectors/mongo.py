@@ -41,6 +41,7 @@ from connectors.base import (
     Source,
     SourceError,
     Statistics,
+    UnknownColumnError,
     UnknownObjectError,
     Watermark,
 )
@@ -374,9 +375,7 @@ class MongoSource(Source):
         cols = list(request.columns) if request.columns is not None else self._schema.names
         unknown = [c for c in cols if c not in self._fields]
         if unknown:
-            raise KeyError(
-                f"{self.uri} has no column {', '.join(unknown)}; existing: {', '.join(self._schema.names)}"
-            )
+            raise UnknownColumnError(self.uri, unknown, self._schema.names)
         selected = list(dict.fromkeys([*cols, *sorted(c.name for f in local for c in f.columns())]))
         batches = self._scan(request, query, selected, None if local else request.limit)
         if local:

@@ -51,6 +51,7 @@ from connectors.base import (
     Statistics,
     UnknownObjectError,
     Watermark,
+    check_columns,
 )
 from dsl.ast import Expr, and_all
 
@@ -323,11 +324,7 @@ class S3Source(Source):
         self.refresh()
         schema = self.schema()
         cols = list(request.columns) if request.columns is not None else schema.names
-        unknown = [c for c in cols if c not in schema.names]
-        if unknown:
-            raise KeyError(
-                f"{self.uri} has no column {', '.join(unknown)}; existing: {', '.join(schema.names)}"
-            )
+        check_columns(self.uri, cols, schema.names)
         params = typed_params(request.filters, request.params, schema, self.uri)
         # Filters on zoneless file timestamps (read as UTC) cannot use the files' statistics:
         # pyarrow would compare them with the raw column. They run on the scanned batches.

@@ -40,6 +40,7 @@ from connectors.base import (
     Source,
     SourceError,
     Statistics,
+    UnknownColumnError,
     UnknownObjectError,
     Watermark,
 )
@@ -235,9 +236,7 @@ class SqlSource(Source):
         cols = list(request.columns) if request.columns is not None else self._schema.names
         missing = [c for c in cols if c not in self.table.c]
         if missing:
-            raise KeyError(
-                f"{self.uri} has no column {', '.join(missing)}; existing: {', '.join(self._schema.names)}"
-            )
+            raise UnknownColumnError(self.uri, missing, self._schema.names)
         where, local = [], []
         for f in request.filters:
             try:

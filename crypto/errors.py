@@ -6,8 +6,10 @@ it. All of them derive from :class:`CryptoError`, so a caller can catch one type
 
 from __future__ import annotations
 
+from dsl.errors import FabricError
 
-class CryptoError(Exception):
+
+class CryptoError(FabricError):
     """Base class of every error raised by ``crypto``."""
 
 

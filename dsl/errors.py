@@ -89,7 +89,16 @@ class Diagnostic:
         return d
 
 
-class DslError(Exception):
+class FabricError(Exception):
+    """The root of every error the fabric raises on purpose (``except FabricError``).
+
+    Defined here, in a module with no project imports, so ``dsl``, ``connectors``,
+    ``indexes`` and ``crypto`` can subclass it without importing ``fabric``;
+    ``fabric.errors`` re-exports it. Subclasses keep their builtin kind as a second base
+    (``class PlanError(FabricError, ValueError)``) so ``except ValueError`` still works."""
+
+
+class DslError(FabricError):
     """One or more diagnostics about a binding, a config file or a query text."""
 
     def __init__(self, diagnostics: Diagnostic | Sequence[Diagnostic]):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors.base import Connection, Source
-from dsl.errors import Diagnostic, DslError
+from dsl.errors import Diagnostic, DslError, FabricError
 from fabric.catalog import Catalog
 from fabric.compiler import BindingFiles, CompiledBinding, Compiler
 from fabric.config import FabricConfig, load_config
@@ -27,7 +27,7 @@ from fabric.config import FabricConfig, load_config
 log = logging.getLogger("fabric")
 
 
-class UnknownBindingError(LookupError):
+class UnknownBindingError(FabricError, LookupError):
     """No binding of that name; the message lists the existing ones."""
 
 

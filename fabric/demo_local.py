@@ -26,10 +26,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from dsl.errors import FabricError
+
 INSTALL_HINT = "pip install 'agent-data-fabric[demo]'"
 
 
-class DemoSetupError(RuntimeError):
+class DemoSetupError(FabricError, RuntimeError):
     """A local server could not be started; the message says why and what to do."""
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsl.errors import Span
+from dsl.errors import FabricError, Span
 
 #: texts -> (n, dim) float32 vectors
 Embedder = Callable[[Sequence[str], int], np.ndarray]
@@ -47,7 +47,7 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-class EmbedError(ValueError):
+class EmbedError(FabricError, ValueError):
     """A model that cannot be found or loaded, or returned vectors of the wrong shape."""
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.base import Source, Watermark
+from dsl.errors import FabricError
 from fabric.signals import (
     DATA_FRESH,
     DATA_STALE,
@@ -109,7 +110,7 @@ class SourceFreshness:
         }
 
 
-class FreshnessTimeout(TimeoutError):
+class FreshnessTimeout(FabricError, TimeoutError):
     """``wait_until_fresh`` gave up; carries how long it waited and the last freshness."""
 
     def __init__(self, freshness: SourceFreshness, waited: float, bound: str):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsl.errors import FabricError
+
 KINDS = ("hnsw", "btree", "inverted")
 METRICS = ("cosine", "l2", "ip")
 
 
-class DatasetError(ValueError):
+class DatasetError(FabricError, ValueError):
     """A dataset was used wrongly (bad schema, unknown column, wrong vector size...)."""
 
 

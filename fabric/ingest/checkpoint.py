@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsl.errors import FabricError
+
 _CKPT = re.compile(r"^ckpt-(\d{6,})$")
 log = logging.getLogger("fabric.ingest.checkpoint")
 
@@ -137,7 +139,7 @@ def read(path: Path) -> Checkpoint:
     return Checkpoint(path, int(path.name[5:]), offsets, raw)
 
 
-class CheckpointError(Exception):
+class CheckpointError(FabricError):
     """A checkpoint that cannot be used; the message names the file."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from connectors.base import Source, Statistics
+from dsl.errors import FabricError
 from fabric.optimizer.dynamic_filters import dynamic_filters
 from fabric.optimizer.factor_or import factor_or
 from fabric.optimizer.join_order import join_order
@@ -37,7 +38,7 @@ RULES: tuple[Rule, ...] = (
 MAX_PASSES = 10
 
 
-class OptimizerError(RuntimeError):
+class OptimizerError(FabricError, RuntimeError):
     """A rule produced an invalid plan (a bug in that rule, not in the binding)."""
 
 

@@ -23,10 +23,11 @@ from typing import Any
 import pyarrow as pa
 
 from dsl.ast import Call, Column, Expr, SortKey, conjuncts
+from dsl.errors import FabricError
 from dsl.spec import SandboxLimits as SandboxLimitsSpec  # a binding's pushdown.limits
 
 
-class PlanError(ValueError):
+class PlanError(FabricError, ValueError):
     """A plan node was built with inconsistent inputs (a bug in a rule or the builder)."""
 
 

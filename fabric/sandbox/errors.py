@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsl.errors import Diagnostic, Span
+from dsl.errors import Diagnostic, FabricError, Span
 
 
 def printable(text: str) -> str:
@@ -21,7 +21,7 @@ def _escape(ch: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-class SandboxError(Exception):
+class SandboxError(FabricError):
     """A pushdown snippet failed.  ``span`` points at the binding-file line that was running."""
 
     kind = "error"

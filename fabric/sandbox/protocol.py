@@ -12,6 +12,8 @@ import struct
 
 import pyarrow as pa
 
+from dsl.errors import FabricError
+
 PREFIX = struct.Struct("<II")
 MAX_HEADER_BYTES = 1 << 20
 
@@ -51,7 +53,7 @@ def _json_default(value: object) -> object:
     raise TypeError(f"sandbox parameter of type {type(value).__name__} is not JSON-serializable")
 
 
-class DecodeBomb(ValueError):
+class DecodeBomb(FabricError, ValueError):
     """A table whose encodings (dictionary, run-end, views, null children) expand past a cap."""
 
 

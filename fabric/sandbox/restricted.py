@@ -14,6 +14,8 @@ import importlib
 import sys
 from types import FrameType, ModuleType
 
+from dsl.errors import FabricError
+
 from .policy import (
     ALLOWED_DUNDER_METHODS,
     ALLOWED_MODULES,
@@ -40,7 +42,7 @@ _SAFE_BUILTIN_NAMES = (
 _FILTERED: dict[str, dict[str, object]] = {}
 
 
-class SandboxBlocked(PermissionError):
+class SandboxBlocked(FabricError, PermissionError):
     """Raised into the snippet when the runtime layer refuses something."""
 
 

@@ -3,8 +3,10 @@ each kind to their status and the client raises the same class again."""
 
 from __future__ import annotations
 
+from dsl.errors import FabricError
 
-class ServiceError(Exception):
+
+class ServiceError(FabricError):
     """A request refused or failed; ``kind`` names it on the wire."""
 
     kind = "failed"

@@ -17,9 +17,10 @@ import pyarrow as pa
 import pytest
 
 from connectors._util import BadValueError, typed_params
-from connectors.base import Pushdown, ScanRequest, Source
+from connectors.base import Pushdown, ScanRequest, Source, UnknownColumnError
 from dsl.ast import Binary, Column, Expr, InList, Param, SortKey
 from fabric import functions
+from fabric.errors import FabricError
 from tests.connectors import data
 
 
@@ -125,6 +126,13 @@ class ConnectorConformance:
         out, _, raw = fabric_scan(source, [], columns=["city", "id"])
         assert raw.column_names == ["city", "id"]
         assert out.num_rows == data.N
+
+    def test_unknown_column_is_named(self, source: Source) -> None:
+        with pytest.raises(UnknownColumnError) as ei:
+            list(source.scan(ScanRequest(columns=("id", "ctiy"))))
+        assert isinstance(ei.value, FabricError) and isinstance(ei.value, KeyError)
+        assert ei.value.columns == ["ctiy"] and "city" in ei.value.existing
+        assert "ctiy" in str(ei.value) and "existing: " in str(ei.value)
 
     # -------------------------------------------------------------- filters
 
