@@ -13,12 +13,17 @@ confluent-kafka consumption of the same topic in the same run.
    searchable exactly in the growing segment), while a reader runs a top-10 vector
    search every 100 ms (its latency is reported too).
 
+4. re-embedding (``--embed-texts``, no broker needed; alone with ``--embed-only``): texts/s
+   of the built-in ``hash`` embedder (fabric.embed) by batch size and vector width, and an
+   upsert into a dataset that declares ``embed:`` (vectors computed at ingest) next to the
+   same rows carrying their vectors.
+
 "before" rows run the same workload with the previous code paths, in the same run: the
 row-by-row inverted index insert, and HNSW folding on the write path
 (``Dataset(background_fold=False)``) instead of the background folder.
 
     .venv/bin/python benchmarks/ingest.py [--bootstrap 127.0.0.1:9092] [--docs 100000]
-        [--vector-docs 20000] [--rate 5000] [--seconds 10]
+        [--vector-docs 20000] [--rate 5000] [--seconds 10] [--embed-texts 20000] [--embed-only]
 """
 
 from __future__ import annotations
@@ -259,6 +264,56 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def embed_throughput(n: int) -> None:
+    """Texts/s of the hash embedder, batched, and upserts that embed at ingest."""
+    import pyarrow as pa
+
+    from fabric.embed import EmbedSpec, embed, filler
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(2000)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(20, 60)))) for _ in range(n)]
+    chars = sum(map(len, texts)) / n
+    print(f"\nre-embedding {n:,} texts (~{chars:.0f} chars each), hash model (fabric.embed)\n")
+    print(f"{'dim':>6}{'batch':>8}{'texts/s':>12}{'MB/s':>8}")
+    for dim in (64, 384):
+        for batch in (1, 64, 1024, 4096):
+            m = min(n, 2000) if batch == 1 else n
+            t0 = time.perf_counter()
+            for i in range(0, m, batch):
+                embed(texts[i : i + batch], dim)
+            dt = time.perf_counter() - t0
+            print(f"{dim:>6}{batch:>8}{m / dt:>12,.0f}{m * chars / dt / 1e6:>8.1f}")
+    schema = pa.schema(
+        [("id", pa.int64()), ("body", pa.string()), ("embedding", pa.list_(pa.float32(), 384))]
+    )
+    ids = pa.array(range(n), pa.int64())
+    vecs = embed(texts, 384)
+    given = pa.table(
+        {
+            "id": ids,
+            "body": texts,
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1)), 384),
+        },
+        schema=schema,
+    )
+    bare = pa.table({"id": ids, "body": texts})
+    print(f"\nupsert {n:,} rows in batches of 5000 into a dataset with a 384-d HNSW index")
+    print(f"{'rows arrive':<28}{'rows/s':>10}")
+    for label, table, embeds in (
+        ("with their vectors", given, ()),
+        ("text only, embed: at ingest", bare, (EmbedSpec("body", "embedding"),)),
+    ):
+        ds = Dataset.create("bench_embed", schema, "id", {"embedding": "hnsw"})
+        ds.computed = filler(embeds, schema)
+        t0 = time.perf_counter()
+        for b in table.to_batches(5000):
+            ds.upsert(b)
+        dt = time.perf_counter() - t0
+        ds.close()
+        print(f"{label:<28}{n / dt:>10,.0f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bootstrap", default="127.0.0.1:9092")
@@ -268,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--no-before", action="store_true", help="skip the previous code paths")
+    ap.add_argument("--embed-texts", type=int, default=20_000, help="texts re-embedded (4.)")
+    ap.add_argument("--embed-only", action="store_true", help="only the re-embedding table")
     a = ap.parse_args(argv)
+    if a.embed_only:
+        embed_throughput(a.embed_texts)
+        return 0
     run = f"{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": a.bootstrap})
     topics: list[str] = []
@@ -346,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         "(fetch: produce -> the ingestor holds the message, i.e. broker + consumer; query: top-10\n"
         " vector search every 100 ms during ingestion, ms; max growing: rows in the exact segment)"
     )
+    embed_throughput(a.embed_texts)
     return 0
 
 

@@ -4,7 +4,7 @@ values (``{{embed(session.question)}}`` in ``nearest.to``).
 A dataset in fabric.yaml declares ``embed: {from: body, into: embedding, model: hash}`` (or
 a list of them): as rows arrive (Kafka feeds, refreshes, upserts) the fabric computes the
 ``into`` vector column from the ``from`` text column for every row that does not carry
-one (the column absent, or null), in batches of ``BATCH`` texts, before the rows reach
+one (the column absent, or null), in batches of ``BATCH`` (1024) texts, before the rows reach
 the indexes. A row that carries a vector keeps it. A null text embeds as the empty text.
 
 Models are named; ``embedder(name)`` resolves one:
@@ -12,7 +12,8 @@ Models are named; ``embedder(name)`` resolves one:
 - ``hash`` (the default; offline, no weights): hashed character n-grams. Each text is
   lower-cased and padded with one space each side; every 3-, 4- and 5-gram of its UTF-8
   bytes is hashed (64-bit polynomial hash, splitmix64 finalizer, salted by n) into one of
-  the vector's N buckets with a sign taken from the hash (signed feature hashing); the
+  the vector's N buckets (``(h >> 33) * N >> 31``) with a sign from the hash's top bit
+  (signed feature hashing); the
   counts are L2-normalized (an empty text is the zero vector). Deterministic across
   processes and machines, and a text's vector does not depend on the batch it is in.
 - ``module:function``: a Python callable taking a list of texts and returning an
@@ -39,7 +40,7 @@ from dsl.errors import FabricError, Span
 #: texts -> (n, dim) float32 vectors
 Embedder = Callable[[Sequence[str], int], np.ndarray]
 
-BATCH = 4096  # texts embedded per call
+BATCH = 1024  # texts embedded per call (a 384-d batch's counts: 3 MB)
 NGRAMS = (3, 4, 5)
 DEFAULT_MODEL = "hash"
 _PRIME = np.uint64(1099511628211)  # FNV-64 prime, as the polynomial base
@@ -76,14 +77,15 @@ def _mix(h: np.ndarray) -> np.ndarray:
 def hash_embed(texts: Sequence[str | None], dim: int) -> np.ndarray:
     """Signed hashed character 3-5-grams into ``dim`` buckets, L2-normalized, float32."""
     n = len(texts)
-    out = np.zeros((n, dim), dtype=np.float64)
     if n == 0:
-        return out.astype(np.float32)
+        return np.zeros((0, dim), dtype=np.float32)
     encoded = [f" {(t or '').lower()} ".encode() for t in texts]
     lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=n)
     data = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.uint64)
     owner = np.repeat(np.arange(n, dtype=np.int64), lengths)  # text of each byte
     total = len(data)
+    cells: list[np.ndarray] = []  # row * dim + bucket of every n-gram
+    signs: list[np.ndarray] = []
     with np.errstate(over="ignore"):
         for g in NGRAMS:
             if total < g:
@@ -94,11 +96,16 @@ def hash_embed(texts: Sequence[str | None], dim: int) -> np.ndarray:
                 h = h * _PRIME + data[j : j + m]
             ok = owner[:m] == owner[g - 1 :]  # the window lies inside one text
             h = _mix(h[ok] ^ np.uint64(g * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF))
-            bucket = (h % np.uint64(dim)).astype(np.int64)
-            sign = np.where((h >> np.uint64(63)) == 1, -1.0, 1.0)
-            out += np.bincount(
-                owner[:m][ok] * dim + bucket, weights=sign, minlength=n * dim
-            ).reshape(n, dim)
+            # bucket: the top 31 bits scaled to [0, dim) (multiply-shift, no 64-bit modulo)
+            bucket = ((h >> np.uint64(33)) * np.uint64(dim)) >> np.uint64(31)
+            cells.append(owner[:m][ok] * dim + bucket.astype(np.int64))
+            signs.append(np.where((h >> np.uint64(63)) == 1, -1.0, 1.0))
+    flat = (
+        np.bincount(np.concatenate(cells), weights=np.concatenate(signs), minlength=n * dim)
+        if cells
+        else np.zeros(n * dim)
+    )
+    out = flat.reshape(n, dim)
     norms = np.sqrt(np.einsum("ij,ij->i", out, out))
     norms[norms == 0] = 1.0
     return (out / norms[:, None]).astype(np.float32)

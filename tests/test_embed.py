@@ -64,7 +64,7 @@ def reference_hash_embed(text: str, dim: int) -> np.ndarray:
             for c in b[i : i + g]:
                 h = (h * 1099511628211 + c) & M64
             h = mix(h ^ ((g * 0x9E3779B97F4A7C15) & M64))
-            v[h % dim] += -1.0 if h >> 63 else 1.0
+            v[((h >> 33) * dim) >> 31] += -1.0 if h >> 63 else 1.0
     n = np.sqrt(v @ v)
     return (v / (n if n else 1.0)).astype(np.float32)
 
