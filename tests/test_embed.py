@@ -246,3 +246,24 @@ def test_a_python_callable_model_by_dotted_path(tmp_path: Path) -> None:
 
 def double_hash(ts: list[str]) -> np.ndarray:
     return 2 * hash_embed(ts, DIM)
+
+
+@pytest.mark.parametrize(
+    ("session", "to", "expected"),
+    [
+        ("question: int", "{{embed(session.question)}}", "embed() needs text; session value"),
+        ("question: str", "{{embed(session.other)}}", "unknown session value 'other' in embed()"),
+    ],
+)
+def test_embed_of_a_session_value_errors_are_positioned(
+    session: str, to: str, expected: str, tmp_path: Path
+) -> None:
+    (tmp_path / "fabric.yaml").write_text(FABRIC)
+    (tmp_path / "b.yaml").write_text(
+        BINDING.replace("question: str", session).replace("{{embed(session.question)}}", to)
+    )
+    with fabric.open(tmp_path / "fabric.yaml", ingest=False, watch=False) as fab:
+        with pytest.raises(DslError) as ei:
+            fab.binding("ask")
+    msg = str(ei.value)
+    assert expected in msg and "b.yaml:7:" in msg, msg
