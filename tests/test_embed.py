@@ -262,8 +262,10 @@ def test_embed_of_a_session_value_errors_are_positioned(
     (tmp_path / "b.yaml").write_text(
         BINDING.replace("question: str", session).replace("{{embed(session.question)}}", to)
     )
-    with fabric.open(tmp_path / "fabric.yaml", ingest=False, watch=False) as fab:
-        with pytest.raises(DslError) as ei:
-            fab.binding("ask")
+    with (
+        fabric.open(tmp_path / "fabric.yaml", ingest=False, watch=False) as fab,
+        pytest.raises(DslError) as ei,
+    ):
+        fab.binding("ask")
     msg = str(ei.value)
     assert expected in msg and "b.yaml:7:" in msg, msg
