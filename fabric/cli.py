@@ -148,7 +148,6 @@ def _session_file(key: str, path: str) -> Any:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from dsl import loader
     from fabric.config import load_config
 
     diags: list[Diagnostic] = []
@@ -161,13 +160,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             )
             print("  hint: fabric validate agents/*.yaml --config fabric.yaml", file=sys.stderr)
             return 2
-        # syntax and shape only: no catalog to check sources and columns against
-        for f in _expand(args.paths):
-            try:
-                n_bindings += len(loader.load_file(f, str(f)))
-            except DslError as e:
-                diags.extend(e.diagnostics)
-        mode = "syntax only (no fabric.yaml: sources and columns not checked)"
+        # no catalog: syntax, shape and the bindings' own consistency
+        own, n_bindings = _self_check(_expand(args.paths))
+        diags.extend(own)
+        mode = "syntax only, and the bindings' own consistency (no fabric.yaml: sources and columns not checked)"
     else:
         try:
             config = load_config(config_path)
@@ -182,9 +178,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, bindings=tuple(str(f.resolve()) for f in files))
         import fabric
 
-        with fabric.open(config, ingest=False, watch=False, offline=args.offline) as fab:
-            diags = fab.validate()
-            n_bindings = len(fab.bindings.names())
+        # the bindings' own consistency first, whether or not the catalog answers
+        own, _ = _self_check(config.binding_files())
+        own_files = {d.span.file for d in own if d.span is not None}
+        try:
+            with fabric.open(config, ingest=False, watch=False, offline=args.offline) as fab:
+                found = fab.validate()
+                n_bindings = len(fab.bindings.names())
+        except DslError as e:
+            found = list(e.diagnostics)
+        # a file with problems of its own shows those (the catalog's would repeat them)
+        diags = own + [
+            d for d in found if d.span is None or str(Path(d.span.file)) not in own_files
+        ]
         mode = "offline (declared schemas)" if args.offline else "against the live catalog"
     if diags:
         _print_diagnostics(diags, sys.stdout)
@@ -192,6 +198,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     print(f"OK: {n_bindings} binding(s) valid, {mode}")
     return 0
+
+
+def _self_check(files: Sequence[Path]) -> tuple[list[Diagnostic], int]:
+    """Parse each binding file and check its own consistency (dsl.selfcheck): session
+    values, aliases, pushdown params; no catalog needed."""
+    from dsl import loader, selfcheck
+
+    diags: list[Diagnostic] = []
+    n = 0
+    for f in files:
+        try:
+            specs = loader.load_file(f, str(f))
+        except DslError as e:
+            diags.extend(e.diagnostics)
+            continue
+        n += len(specs)
+        for spec in specs:
+            diags.extend(selfcheck.check(spec))
+    return diags, n
 
 
 def _expand(paths: Sequence[str]) -> list[Path]:
