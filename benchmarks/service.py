@@ -55,6 +55,13 @@ def _kafka_bytes(res: Any) -> int:
 
 def agent(mode: str, target: str, env: dict[str, str], seconds: float, out: Any) -> None:
     """One agent process: query the seed bindings round-robin for ``seconds``."""
+    try:
+        _agent(mode, target, env, seconds, out)
+    except BaseException as e:  # said to the parent, which leaves this agent out
+        out.put(("failed", f"{type(e).__name__}: {e}"))
+
+
+def _agent(mode: str, target: str, env: dict[str, str], seconds: float, out: Any) -> None:
     os.environ.update(env)
     import fabric
 
@@ -129,16 +136,22 @@ def run(mode: str, n: int, target: str, envs: list[dict[str, str]], seconds: flo
     procs = [ctx.Process(target=agent, args=(mode, target, envs[i], seconds, q)) for i in range(n)]
     for p in procs:
         p.start()
-    ready = 0
-    while ready < n:
-        kind, _ = q.get(timeout=300)
+    ready, failed = 0, []
+    while ready + len(failed) < n:
+        kind, r = q.get(timeout=300)
         ready += kind == "ready"
+        if kind == "failed":
+            failed.append(r)
     t0 = time.perf_counter()
-    results = []
-    while len(results) < n:
+    results: list[dict[str, Any]] = []
+    while len(results) + len(failed) < n:
         kind, r = q.get(timeout=300)
         if kind == "done":
             results.append(r)
+        elif kind == "failed":
+            failed.append(r)
+    for why in failed:
+        print(f"{mode} agent failed: {why}", file=sys.stderr)
     wall = time.perf_counter() - t0
     for p in procs:
         p.join(60)
@@ -149,6 +162,7 @@ def run(mode: str, n: int, target: str, envs: list[dict[str, str]], seconds: flo
         "p50": lat[len(lat) // 2] * 1000,
         "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
         "qps": len(lat) / wall,
+        "ran": len(results),
     }
 
 
@@ -255,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             e = run(
                 "embedded", n, str(config), [fab_env(f"a{n}_{i}") for i in range(n)], args.seconds
             )
-            e["kafka"] = news_bytes * n + e["kafka_scan"]
+            e["kafka"] = news_bytes * e["ran"] + e["kafka_scan"]
             rows.append(("embedded", n, e))
             s = run("served", n, grpc, [dict(env)] * n, args.seconds)
             s["rss"] += _rss_mb(srv.pid)
@@ -268,12 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         cleanup(env)
     print(f"\nseed bindings (nearby_offers, top_category_last_week), {args.seconds:g} s per row")
     print(
-        f"{'mode':<9} {'agents':>6} {'memory MB':>10} {'kafka MB':>9} {'p50 ms':>8} "
+        f"{'mode':<9} {'agents':>6} {'ran':>4} {'memory MB':>10} {'kafka MB':>9} {'p50 ms':>8} "
         f"{'p99 ms':>8} {'queries/s':>10}"
     )
     for mode, n, r in rows:
         print(
-            f"{mode:<9} {n:>6} {r['rss']:>10.0f} {r['kafka'] / 1e6:>9.2f} {r['p50']:>8.2f} "
+            f"{mode:<9} {n:>6} {r['ran']:>4} {r['rss']:>10.0f} {r['kafka'] / 1e6:>9.2f} {r['p50']:>8.2f} "
             f"{r['p99']:>8.2f} {r['qps']:>10.1f}"
         )
     print(

@@ -561,6 +561,16 @@ def _check_types(ta: pa.DataType | None, tb: pa.DataType | None, left: Expr, rig
         raise NotTranslatable(f"comparing {ta} with {tb}: {left} vs {right}")
 
 
+#: errors of reaching the server (MariaDB Connector/C says a lost connection with an
+#: InterfaceError where PyMySQL says OperationalError)
+_CONNECTIVITY = (
+    sa_exc.OperationalError
+    | sa_exc.InterfaceError
+    | sa_exc.DisconnectionError
+    | sa_exc.TimeoutError
+)
+
+
 class SqlConnection(Connection):
     """A database reachable through one SQLAlchemy URL; tables are its objects."""
 
@@ -602,11 +612,12 @@ class SqlConnection(Connection):
                     max_overflow=int(self.options.get("max_overflow", 5)),
                     pool_recycle=int(self.options.get("pool_recycle", 1800)),
                     pool_timeout=self.connect_timeout,
-                    # PyMySQL: our own pre-ping (_ping), bounded by connect_timeout
-                    pool_pre_ping=not self._pymysql,
+                    # PyMySQL and Connector/C: our own pre-ping, bounded by connect_timeout
+                    pool_pre_ping=not self._pymysql
+                    and self.url.get_driver_name() != "mariadbconnector",
                     connect_args=self._connect_args(),
                 )
-                sql_drivers.prepare_engine(self._engine)
+                sql_drivers.prepare_engine(self._engine, self.connect_timeout)
                 if self._pymysql:
                     sa.event.listen(self._engine, "connect", self._after_connect)
                     sa.event.listen(self._engine, "checkout", self._ping)
@@ -671,7 +682,7 @@ class SqlConnection(Connection):
         orig = getattr(exc, "orig", None) or exc
         limits = (
             f" (connect timeout {self.connect_timeout:g} s, read timeout {self.read_timeout:g} s)"
-            if isinstance(exc, sa_exc.OperationalError | sa_exc.TimeoutError | TimeoutError)
+            if isinstance(exc, _CONNECTIVITY | TimeoutError)
             else ""
         )
         return SourceError(
@@ -679,9 +690,7 @@ class SqlConnection(Connection):
             f"{type(orig).__name__}: {str(orig).strip().splitlines()[0] if str(orig).strip() else orig!r}"
             + limits,
             hint=f"check that the database at {self.url.render_as_string(hide_password=True)} is running and reachable",
-            retriable=isinstance(
-                exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
-            ),
+            retriable=isinstance(exc, _CONNECTIVITY),
         )
 
     # ----------------------------------------------------------------- objects

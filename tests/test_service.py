@@ -82,6 +82,13 @@ class Served:
             stderr=subprocess.PIPE,
             text=True,
         )
+        try:
+            self._wait()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait(self) -> None:
         self.http = self.grpc = ""
         deadline = time.time() + 120
         while not self.http and time.time() < deadline:
