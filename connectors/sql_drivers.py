@@ -26,12 +26,16 @@ Rows are read from the DB-API cursor as tuples, without SQLAlchemy's per-row pro
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, CursorResult, Engine
 
 #: MySQL drivers ``auto`` chooses from, fastest first: (SQLAlchemy driver name, module).
@@ -69,7 +73,7 @@ def choose(url: URL, option: Any = "auto") -> URL:
     return url.set(drivername=f"{url.get_backend_name()}+{name}")
 
 
-def prepare_engine(engine: Engine) -> None:
+def prepare_engine(engine: Engine, ping_timeout: float = 5.0) -> None:
     """Streaming cursors of MariaDB Connector/C use the binary protocol (server-side
     prepared statements: parameters bound, not escaped into the text), buffered: the
     client library holds the whole result (compact, in C) and Python reads it in batches.
@@ -85,6 +89,41 @@ def prepare_engine(engine: Engine) -> None:
             return self._dbapi_connection.cursor(buffered=True, binary=True)
 
     engine.dialect.execution_ctx_cls = _BinaryStreaming
+    sa.event.listen(engine, "checkout", lambda c, rec, _p: _ping(c, rec, ping_timeout))
+
+
+def _ping(dbapi_conn: Any, record: Any, timeout: float) -> None:
+    """Pessimistic disconnect handling for Connector/C, waiting at most ``timeout`` (the
+    connect timeout) for the server's answer; its own ``ping()`` waits the read timeout
+    (set when connecting, not changeable after). The ping runs on a thread; one that has
+    no answer in time keeps the connection (the pool forgets it and connects anew) and
+    closes it when its ping ends, so no two threads use one connection."""
+    done = threading.Event()
+    lock = threading.Lock()
+    failed: list[BaseException] = []
+    orphaned: list[bool] = []
+
+    def run() -> None:
+        try:
+            dbapi_conn.ping()
+        except Exception as exc:
+            failed.append(exc)
+        with lock:  # the caller gave up on it, or will see it done: never both
+            done.set()
+            mine = bool(orphaned)
+        if mine:
+            with contextlib.suppress(Exception):
+                dbapi_conn.close()
+
+    threading.Thread(target=run, name="fabric-sql-ping", daemon=True).start()
+    if not done.wait(timeout):
+        with lock:
+            if not done.is_set():
+                orphaned.append(True)
+                record.dbapi_connection = None  # the ping thread closes it; the pool reconnects
+        raise sa_exc.DisconnectionError(f"ping unanswered after {timeout:g} s")
+    if failed:
+        raise sa_exc.DisconnectionError(f"ping failed: {failed[0]}") from failed[0]
 
 
 #: drivers whose cursors return Python values of the columns' types (date, Decimal, ...)
