@@ -546,8 +546,10 @@ class Refresher:
         with self._lock:
             started = time.time()
             src = self.manager.source(self.decl.from_uri or "")
-            names = self.decl.schema.names
-            missing = [c for c in names if c not in src.schema().names]
+            have = src.schema().names
+            computed = {e.into for e in self.decl.embed}  # embedded at upsert when absent
+            names = [c for c in self.decl.schema.names if c in have or c not in computed]
+            missing = [c for c in names if c not in have]
             if missing:
                 raise ValueError(
                     f"{self.decl.from_uri} has no column(s) {', '.join(missing)} declared in "

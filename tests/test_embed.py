@@ -269,3 +269,28 @@ def test_embed_of_a_session_value_errors_are_positioned(
         fab.binding("ask")
     msg = str(ei.value)
     assert expected in msg and "b.yaml:7:" in msg, msg
+
+
+def test_a_refreshed_dataset_embeds_the_rows_it_reads(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    ts = texts(120, seed=11)
+    ids = [f"r{i:04d}" for i in range(len(ts))]
+    pq.write_table(pa.table({"id": ids, "body": ts}), data / "docs.parquet")
+    (tmp_path / "fabric.yaml").write_text(
+        f"connections:\n  files: {{kind: file, root: {data}}}\n"
+        "datasets:\n  docs:\n    from: file://files/docs.parquet\n    key: id\n"
+        '    schema: {id: str, body: str, embedding: "vector[64]"}\n'
+        "    indexes: {embedding: hnsw}\n"
+        "    embed: {from: body, into: embedding}\n"
+    )
+    with fabric.open(tmp_path / "fabric.yaml", watch=False) as fab:
+        bodies, mat = vectors(fab.dataset("docs"))
+        assert bodies == ts and np.array_equal(mat, hash_embed(ts, DIM))
+        ts[5] = "a changed text"
+        pq.write_table(pa.table({"id": ids, "body": ts}), data / "docs.parquet")
+        fab.refresh("docs")
+        bodies, mat = vectors(fab.dataset("docs"))
+        assert bodies == ts and np.array_equal(mat, hash_embed(ts, DIM))
