@@ -50,7 +50,7 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def choose(url: URL, option: Any = "auto") -> URL:
+def choose(url: URL, option: Any = None) -> URL:
     """``url`` with the driver the ``driver`` option asks for (see the module doc)."""
     want = str(option or os.environ.get("FABRIC_SQL_DRIVER") or "auto").strip().lower()
     if want == "url" or url.get_backend_name() not in ("mysql", "mariadb"):
