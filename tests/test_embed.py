@@ -294,3 +294,18 @@ def test_a_refreshed_dataset_embeds_the_rows_it_reads(tmp_path: Path) -> None:
         fab.refresh("docs")
         bodies, mat = vectors(fab.dataset("docs"))
         assert bodies == ts and np.array_equal(mat, hash_embed(ts, DIM))
+
+
+def test_the_text_form_embeds_a_session_question_too(tmp_path: Path) -> None:
+    (tmp_path / "fabric.yaml").write_text(FABRIC)
+    (tmp_path / "b.yaml").write_text(BINDING)
+    ts = texts(200, seed=5)
+    with fabric.open(tmp_path / "fabric.yaml", ingest=False, watch=False) as fab:
+        fab.dataset("docs").upsert(pa.table({"id": [f"t{i}" for i in range(200)], "body": ts}))
+        q = {"question": "bank bond yield"}
+        text = fab.query_text(
+            "from dataset://docs as d nearest embedding to {{embed(session.question)}} k 10 "
+            "select d.id",
+            session=q,
+        )
+        assert text.table.column(0).to_pylist() == fab.query("ask", q).table.column(0).to_pylist()
