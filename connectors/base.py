@@ -21,7 +21,6 @@ A limit or order is pushed only when every filter of that source is EXACT.
 from __future__ import annotations
 
 import enum
-import importlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -196,28 +195,11 @@ class Connection:
         pass
 
 
-#: kind -> "module:Class"; imported lazily so a missing optional driver only hurts its users.
-REGISTRY: dict[str, str] = {
-    "mysql": "connectors.sql:SqlConnection",
-    "postgres": "connectors.sql:SqlConnection",
-    "sql": "connectors.sql:SqlConnection",
-    "mongo": "connectors.mongo:MongoConnection",
-    "s3": "connectors.s3:S3Connection",
-    "file": "connectors.s3:S3Connection",
-    "kafka": "connectors.kafka:KafkaConnection",
-    "memory": "connectors.memory:MemoryConnection",
-}
-
-
 def connection_class(kind: str) -> type[Connection]:
-    try:
-        target = REGISTRY[kind]
-    except KeyError:
-        raise ValueError(
-            f"unknown connection kind {kind!r}; known kinds: {', '.join(sorted(REGISTRY))}"
-        ) from None
-    mod, _, cls = target.partition(":")
-    return getattr(importlib.import_module(mod), cls)
+    """The Connection class of ``kind`` (``connectors.registry``, imported lazily)."""
+    from connectors.registry import connection_class as lookup
+
+    return lookup(kind)
 
 
 def open_connection(name: str, options: Mapping[str, Any]) -> Connection:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from connectors import registry
 from connectors.base import (
     Connection,
     ScanRequest,
@@ -31,19 +32,6 @@ from connectors.base import (
 from dsl.errors import DslError, Span, did_you_mean
 from fabric.config import ConnectionConfig, DatasetConfig, FabricConfig
 
-#: capabilities assumed for a kind when planning offline (no connector opened); they
-#: mirror the connectors' own ``Source.capabilities``
-OFFLINE_CAPABILITIES: dict[str, frozenset[str]] = {
-    "kafka": frozenset({"projection", "limit", "latest_by", "time_range"}),
-    "mysql": frozenset({"projection", "limit", "order_by"}),
-    "postgres": frozenset({"projection", "limit", "order_by"}),
-    "sql": frozenset({"projection", "limit", "order_by"}),
-    "mongo": frozenset({"projection", "limit", "order_by"}),
-    "s3": frozenset({"projection", "limit"}),
-    "file": frozenset({"projection", "limit"}),
-    "memory": frozenset({"projection", "limit", "order_by"}),
-    "dataset": frozenset({"projection", "limit", "vector_search"}),
-}
 SQL_KINDS = ("mysql", "postgres", "sql")
 FILE_KINDS = ("s3", "file")
 
@@ -79,6 +67,21 @@ def _missing_driver(name: str, cc: Any, e: ImportError, span: Span | None) -> Ds
         where,
         hint,
     )
+
+
+def _offline_capabilities(kind: str) -> frozenset[str]:
+    """What a kind's sources can do, planned without opening them (``connectors.registry``)."""
+    try:
+        return registry.spec(kind).capabilities
+    except (KeyError, ImportError):
+        return frozenset({"projection"})
+
+
+def _objects_noun(kind: str) -> str:
+    try:
+        return registry.spec(kind).objects
+    except (KeyError, ImportError):
+        return "objects"
 
 
 def _interchangeable(a: str, b: str) -> bool:
@@ -278,7 +281,7 @@ class Catalog:
                         else f"declare it under connections.{conn_name}.schemas.{obj} or validate online"
                     ),
                 )
-            caps = OFFLINE_CAPABILITIES.get(kind, frozenset({"projection"}))
+            caps = _offline_capabilities(kind)
             return SourceView(uri, kind, declared, caps, DeclaredSource(uri, declared, caps))
         conn = self.connection(conn_name, span)
         opts: dict[str, Any] = {"schema": declared} if declared is not None else {}
@@ -286,12 +289,7 @@ class Catalog:
             src = conn.source(obj, opts or None)
             schema = declared if declared is not None else src.schema()
         except UnknownObjectError as e:
-            what = {
-                "mongo": "collections",
-                "kafka": "topics",
-                "s3": "objects",
-                "file": "files",
-            }.get(kind, "tables")
+            what = _objects_noun(kind)
             raise DslError.at(
                 f"{uri} does not exist", span, nearest(obj, e.existing, what)
             ) from None
@@ -317,7 +315,7 @@ class Catalog:
             )
         if src is None:
             assert dc is not None
-            caps = OFFLINE_CAPABILITIES["dataset"]
+            caps = registry.DATASET_CAPABILITIES
             return SourceView(
                 uri, "dataset", dc.schema, caps, DeclaredSource(uri, dc.schema, caps), dc
             )

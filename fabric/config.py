@@ -35,6 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from connectors import registry
 from dsl import parser as P
 from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.options import check_uri, duration_seconds
@@ -52,65 +53,6 @@ TOP_KEYS = (
     "ingest",
     "agents",
 )
-CONNECTION_KINDS = ("mysql", "postgres", "sql", "mongo", "s3", "file", "kafka", "memory")
-#: options each connection kind accepts (besides kind, schemas, description)
-_SQL_KEYS = (
-    "url",
-    "pool_size",
-    "max_overflow",
-    "pool_recycle",
-    "connect_timeout",
-    "read_timeout",
-    "query_timeout",
-    "timeout",
-    "options",
-)
-CONNECTION_KEYS: dict[str, tuple[str, ...]] = {
-    "mysql": _SQL_KEYS,
-    "postgres": _SQL_KEYS,
-    "sql": _SQL_KEYS,
-    "mongo": (
-        "url",
-        "database",
-        "connect_timeout",
-        "query_timeout",
-        "timeout",
-        "sample",
-        "options",
-    ),
-    "s3": (
-        "endpoint",
-        "bucket",
-        "access_key",
-        "secret_key",
-        "region",
-        "scheme",
-        "format",
-        "formats",
-        "delimiter",
-        "prefix",
-        "options",
-    ),
-    "file": ("root", "format", "formats", "delimiter", "options"),
-    "kafka": (
-        "bootstrap",
-        "connect_timeout",
-        "query_timeout",
-        "group_prefix",
-        "format",
-        "security",
-        "timeout",
-        "timestamp_field",
-        "sample",
-        "end",
-        "cache",
-        "cache_max_messages",
-        "cache_max_bytes",
-        "config",
-        "options",
-    ),
-    "memory": ("options",),
-}
 DATASET_KEYS = (
     "from",
     "key",
@@ -466,16 +408,27 @@ def _connections(L: _Loader, doc: YamlMap) -> dict[str, ConnectionConfig]:
                 raise y.error(
                     f"connection '{name}' needs 'kind'",
                     y.key_span(m, key),
-                    f"kinds: {', '.join(CONNECTION_KINDS)}",
+                    f"kinds: {', '.join(registry.kinds())}",
                 )
             kind = y.string(cm, "kind", "kind")
-            if kind not in CONNECTION_KINDS:
+            known = registry.kinds()
+            if kind not in known:
                 raise y.error(
                     f"unknown connection kind '{kind}'",
                     y.value_span(cm, "kind"),
-                    did_you_mean(kind, CONNECTION_KINDS, "kinds"),
+                    did_you_mean(kind, known, "kinds")
+                    + f"; a third-party kind registers in the '{registry.ENTRY_POINT_GROUP}'"
+                    " entry-point group",
                 )
-            allowed = ("kind", "schemas", "description", *CONNECTION_KEYS[kind])
+            try:
+                spec = registry.spec(kind)
+            except ImportError as e:  # a third-party kind whose package does not import
+                raise y.error(
+                    f"connection kind '{kind}' is registered but its class does not import: {e}",
+                    y.value_span(cm, "kind"),
+                    f"check the package providing the '{registry.ENTRY_POINT_GROUP}' entry point",
+                ) from None
+            allowed = ("kind", "schemas", "description", *spec.options)
             y.check_keys(cm, allowed, f"connection '{name}' ({kind})")
             options = {str(k): L.subst(cm, k) for k in cm if k not in ("schemas", "description")}
             if kind == "kafka":
@@ -498,7 +451,7 @@ def _kafka_options(L: _Loader, cm: YamlMap, name: str, options: Mapping[str, Any
     y = L.y
     if "options" in cm:
         om = y.mapping(cm, "options", f"options of connection '{name}'")
-        allowed = [k for k in CONNECTION_KEYS["kafka"] if k != "options"]
+        allowed = [k for k in registry.spec("kafka").options if k != "options"]
         problems = [
             y.diagnostic(
                 f"unknown kafka option '{k}' in connection '{name}'",
