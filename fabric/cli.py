@@ -180,7 +180,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         # the bindings' own consistency first, whether or not the catalog answers
         own, _ = _self_check(config.binding_files())
-        own_files = {d.span.file for d in own if d.span is not None}
+        own_files = {str(Path(d.span.file).resolve()) for d in own if d.span is not None}
         try:
             with fabric.open(config, ingest=False, watch=False, offline=args.offline) as fab:
                 found = fab.validate()
@@ -189,7 +189,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             found = list(e.diagnostics)
         # a file with problems of its own shows those (the catalog's would repeat them)
         diags = own + [
-            d for d in found if d.span is None or str(Path(d.span.file)) not in own_files
+            d for d in found if d.span is None or str(Path(d.span.file).resolve()) not in own_files
         ]
         mode = "offline (declared schemas)" if args.offline else "against the live catalog"
     if diags:
