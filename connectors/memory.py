@@ -1,7 +1,8 @@
 """In-process Arrow tables as a source (``memory://<connection>/<table>``).
 
 Used by the planner and executor tests (no server needed), by the demo for small
-reference data, and by ``Fabric.register_table``. Every filter that pyarrow compute can
+reference data, and by ``kind: memory`` connections of fabric.yaml (filled with
+``fab.catalog.connection(name).add(table_name, arrow_table)``). Every filter that pyarrow compute can
 evaluate is EXACT; limit, order and projection are pushed.
 """
 
