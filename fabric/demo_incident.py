@@ -145,7 +145,10 @@ def _incident(
         ds = fab.dataset("headlines")
         while ds.count() < 1_000 and time.time() - t0 < 60:
             time.sleep(0.1)
-        log(f"fabric ingesting {topic}: {ds.count()} headlines; GPUs held: {sched.holding()}")
+        log(
+            f"fabric ingesting {topic}: {ds.count()} headlines; GPUs held (agent: GPU, 2 GPUs "
+            f"for 4 agents, a parked agent's GPU goes to a waiting one): {sched.holding()}"
+        )
         res = fab.query("market_headlines", session={"symbol": "NVDA"})
         log(
             f"market_headlines answers {res.table.num_rows} rows, freshness {res.freshness['h']['status']}"
