@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agents", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--reps", type=int, default=300, help="repetitions of the overhead query")
+    ap.add_argument("--overhead-only", action="store_true", help="only the remote overhead")
     args = ap.parse_args(argv)
     from examples.seed.data import generate
     from examples.seed.load import environment, load_all
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
     rows = []
     try:
-        for n in args.agents:
+        for n in [] if args.overhead_only else args.agents:
             e = run(
                 "embedded", n, str(config), [fab_env(f"a{n}_{i}") for i in range(n)], args.seconds
             )
