@@ -50,6 +50,9 @@ DRIVER_EXTRAS = {
 }
 
 
+_OWN_PACKAGES = frozenset({"fabric", "dsl", "connectors", "indexes", "crypto"})
+
+
 def _missing_driver(name: str, cc: Any, e: ImportError, span: Span | None) -> DslError:
     """A driver that is not installed: said at the connection's line of fabric.yaml, with
     the extra that installs it (not the import's traceback)."""
@@ -212,6 +215,8 @@ class Catalog:
             try:
                 conn = open_connection(name, cc.options)
             except ImportError as e:
+                if (e.name or "").split(".")[0] in _OWN_PACKAGES or not e.name:
+                    raise  # our own code failed to import: a bug to show, not a driver to install
                 raise _missing_driver(name, cc, e, span) from None
             except AttributeError as e:
                 raise DslError.at(
