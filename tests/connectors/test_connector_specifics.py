@@ -457,7 +457,8 @@ def test_filters_reaching_scan_unoffered_are_applied_by_the_connector(
     mongo_db: Any, mongo_url: str, tmp_path: Any
 ) -> None:
     """A dynamic join-key filter arrives without supports_filter; if it does not translate
-    (SQLite string keys, Mongo arithmetic) the connector applies it itself, before the limit."""
+    (SQLite string keys under a NOCASE collation, Mongo arithmetic) the connector applies
+    it itself, before the limit."""
     import sqlalchemy as sa
 
     from connectors.base import Pushdown
@@ -467,7 +468,7 @@ def test_filters_reaching_scan_unoffered_are_applied_by_the_connector(
     url = f"sqlite:///{tmp_path / 'k.db'}"
     engine = sa.create_engine(url)
     with engine.begin() as c:
-        c.exec_driver_sql("CREATE TABLE m (id INTEGER PRIMARY KEY, code TEXT)")
+        c.exec_driver_sql("CREATE TABLE m (id INTEGER PRIMARY KEY, code TEXT COLLATE NOCASE)")
         c.exec_driver_sql("INSERT INTO m VALUES (1, 'a'), (2, 'b'), (3, 'A'), (4, 'c')")
     src = SqlConnection("lite", {"kind": "sql", "url": url}).source("m")
     f = InList(Column("code"), Param("__dyn_0"))
