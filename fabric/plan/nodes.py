@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from dsl.ast import Call, Column, Expr, SortKey, conjuncts
+from dsl.ast import Call, Column, Exists, Expr, SortKey, conjuncts
 from dsl.errors import FabricError
 from dsl.spec import SandboxLimits as SandboxLimitsSpec  # a binding's pushdown.limits
 
@@ -89,6 +89,51 @@ class Plan:
 
 def _qualify(alias: str, schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f"{alias}.{f.name}", f.type, f.nullable) for f in schema])
+
+
+def _outputs(plan: Plan) -> dict[Expr, str]:
+    """Expressions a node outputs under a name (Project / Aggregate items, through the
+    Filter / Sort / Limit above them): a node above may refer to them by expression."""
+    while isinstance(plan, Filter | Sort | Limit):
+        plan = plan.input
+    if isinstance(plan, Project):
+        return {e: n for n, e, _ in plan.items}
+    if isinstance(plan, Aggregate):
+        return {e: n for n, e, _ in (*plan.group_by, *plan.aggregates)}
+    return {}
+
+
+def _known(col: Column, names: set[str]) -> bool:
+    """Whether ``col`` denotes a column of ``names``: the qualified name, an output name,
+    a bare name matching ``x.name``, or a field inside a struct column."""
+    q = col.qualified
+    if q in names or col.name in names:
+        return True
+    if col.source is None and any(n.endswith("." + col.name) for n in names):
+        return True
+    return any(q.startswith(n + ".") for n in names)  # c.meta.city inside c.meta
+
+
+def check_columns(node: str, exprs: Any, inputs: Plan | tuple[Plan, ...], extra: Any = ()) -> None:
+    """Raise PlanError naming a column ``exprs`` refer to that no input has (and the
+    existing ones). Columns of a stage inside ``exists(S where ...)`` are the stage's."""
+    plans = inputs if isinstance(inputs, tuple) else (inputs,)
+    outputs: dict[Expr, str] = {}
+    names: set[str] = set(extra)
+    for p in plans:
+        names.update(p.schema.names)
+        outputs.update(_outputs(p))
+    for e in exprs:
+        stages = {x.stage for x in e.walk() if isinstance(x, Exists)}
+        computed = {x for x in e.walk() if x in outputs}
+        inside = {c for x in computed for c in x.columns()}
+        for c in e.columns():
+            if c in inside or c in outputs or c.source in stages or _known(c, names):
+                continue
+            raise PlanError(
+                f"{node}: column {c.qualified} is not among the columns of its input "
+                f"({', '.join(sorted(names))})"
+            )
 
 
 def _exprs(items: tuple[Expr, ...]) -> str:
@@ -223,6 +268,9 @@ class Filter(Plan):
     input: Plan
     predicate: Expr
 
+    def __post_init__(self) -> None:
+        check_columns("Filter", (self.predicate,), self.input)
+
     @property
     def schema(self) -> pa.Schema:
         return self.input.schema
@@ -241,6 +289,11 @@ class Derive(Plan):
 
     input: Plan
     items: tuple[tuple[str, Expr, pa.DataType], ...]
+
+    def __post_init__(self) -> None:
+        # an item may use the ones before it
+        for i, (_, e, _) in enumerate(self.items):
+            check_columns("Derive", (e,), self.input, (n for n, _, _ in self.items[:i]))
 
     @property
     def schema(self) -> pa.Schema:
@@ -264,6 +317,7 @@ class Join(Plan):
     def __post_init__(self) -> None:
         if self.how not in ("inner", "left"):
             raise PlanError(f"join kind {self.how!r} is not supported")
+        check_columns("Join", (self.on,), (self.left, self.right))
 
     @property
     def schema(self) -> pa.Schema:
@@ -279,6 +333,9 @@ class Project(Plan):
 
     input: Plan
     items: tuple[tuple[str, Expr, pa.DataType], ...]
+
+    def __post_init__(self) -> None:
+        check_columns("Project", (e for _, e, _ in self.items), self.input)
 
     @property
     def schema(self) -> pa.Schema:
@@ -297,6 +354,11 @@ class Aggregate(Plan):
     group_by: tuple[tuple[str, Expr, pa.DataType], ...]
     aggregates: tuple[tuple[str, Call, pa.DataType], ...]
 
+    def __post_init__(self) -> None:
+        check_columns(
+            "Aggregate", (e for _, e, _ in (*self.group_by, *self.aggregates)), self.input
+        )
+
     @property
     def schema(self) -> pa.Schema:
         return pa.schema([pa.field(n, t) for n, _, t in self.group_by + self.aggregates])
@@ -311,6 +373,9 @@ class Aggregate(Plan):
 class Sort(Plan):
     input: Plan
     keys: tuple[SortKey, ...]
+
+    def __post_init__(self) -> None:
+        check_columns("Sort", (k.expr for k in self.keys), self.input)
 
     @property
     def schema(self) -> pa.Schema:
