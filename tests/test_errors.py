@@ -16,14 +16,7 @@ from fabric.errors import FabricError
 
 PACKAGES = ("fabric", "dsl", "connectors", "indexes", "crypto")
 
-#: classes in the physical plan and executor files, which another engineer is rewriting
-#: right now; each moves under FabricError with a one-line base change
-PENDING = {
-    "fabric.physical.nodes.PhysicalError",
-    "fabric.physical.planner.PlanningError",
-    "fabric.execute.errors.QueryError",
-    "fabric.execute.sql.UnresolvedColumn",
-}
+PENDING: set[str] = set()  # none left
 
 
 def _modules() -> list[str]:

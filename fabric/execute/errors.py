@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dsl.errors import FabricError
 
-class QueryError(RuntimeError):
+
+class QueryError(FabricError, RuntimeError):
     """A query failed at run time; names the binding and, when known, the source.
 
     ``binding``: the binding name; ``alias``/``uri``: the source that failed;

@@ -37,6 +37,7 @@ from dsl.ast import (
     Unary,
     replace,
 )
+from dsl.errors import FabricError
 from dsl.types import CalendarInterval
 from fabric.functions import REGISTRY, register_duckdb, uses_array_functions
 
@@ -45,7 +46,7 @@ _base: duckdb.DuckDBPyConnection | None = None
 _ids = itertools.count()
 
 
-class UnresolvedColumn(LookupError):
+class UnresolvedColumn(FabricError, LookupError):
     def __init__(self, col: Column, names: list[str]):
         self.col = col
         self.names = names

@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from dsl.ast import Expr
+from dsl.errors import FabricError
 from fabric.plan.nodes import (
     Aggregate,
     Derive,
@@ -53,7 +54,7 @@ from fabric.plan.nodes import (
 )
 
 
-class PhysicalError(ValueError):
+class PhysicalError(FabricError, ValueError):
     """A physical node was built with inconsistent inputs (a bug in the planner)."""
 
 
