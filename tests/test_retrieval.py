@@ -629,3 +629,54 @@ def test_compiled_filters_are_reused_only_while_the_dataset_is_unchanged():
     ds.upsert(anti_table(ids, np.full(10, 41), near.astype(np.float32), np.zeros(10)))
     after, info = ds.search("v", q, K, where, {}, columns=["id"])
     assert sorted(after.column("id").to_pylist()) == ids.tolist(), str(info)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2"])
+def test_a_nearest_binding_selects_orders_and_filters_by_distance(tmp_path, metric):
+    """issue 12/19: ``n._distance`` in select, order_by and where (applied after the search)
+    is the index's distance: cosine 1 - cosine similarity, l2 the squared Euclidean."""
+    import fabric
+
+    t, x = data(600)
+    q = x[5] + 0.3
+    ref = {
+        "l2": ((x - q) ** 2).sum(1),
+        "cosine": 1 - (x @ q) / (np.linalg.norm(x, axis=1) * np.linalg.norm(q)),
+    }[metric]
+    ds = Dataset.create(
+        "dd", SCHEMA, "id", {"emb": IndexSpec("hnsw", metric=metric)}, fold_rows=100
+    )
+    ds.upsert(t)
+    cut = float(np.sort(ref)[6])  # the 7th nearest: a where keeps 6 of the 10
+    (tmp_path / "b.yaml").write_text(
+        f"binding: ranked\nsession:\n  q: vector[{DIM}]\nsources:\n  n:\n"
+        "    from: dataset://dd\n"
+        '    nearest: {column: emb, to: "{{session.q}}", k: 10}\n'
+        "select: [n.id, n._distance]\n"
+        "order_by: [n._distance desc]\n"
+    )
+    (tmp_path / "c.yaml").write_text(
+        f"binding: close\nsession:\n  q: vector[{DIM}]\nsources:\n  n:\n"
+        "    from: dataset://dd\n"
+        '    nearest: {column: emb, to: "{{session.q}}", k: 10}\n'
+        f"    where: _distance < {cut!r}\n"
+        "select: [n.id, n._distance as d]\n"
+        "order_by: [n._distance]\n"
+    )
+    src = DatasetSource("dataset://dd", ds)
+    with fabric.open(
+        {"bindings": [str(tmp_path)]}, ingest=False, watch=False, dataset_sources={"dd": src}
+    ) as fab:
+        res = fab.query("ranked", session={"q": q})
+        assert res.table.column_names == ["id", "_distance"]
+        ids = np.array(res.table.column("id").to_pylist())
+        d = res.table.column("_distance").to_numpy()
+        assert np.allclose(d, ref[ids], atol=1e-3)
+        assert ids.tolist() == np.argsort(ref)[:10][::-1].tolist()  # the numpy order, reversed
+        res = fab.query("close", session={"q": q})
+        plan = fab.explain("close", session={"q": q}, analyze=True).splitlines()
+        search = next(ln for ln in plan if "VectorSearch" in ln)
+        # applied by the fabric to the search's output (residual), never inside the walk
+        assert "filters=" not in search and "residual=[n._distance <" in search, search
+        assert res.table.column("id").to_pylist() == np.argsort(ref)[:6].tolist()
+        assert np.allclose(res.table.column("d").to_numpy(), np.sort(ref)[:6], atol=1e-3)

@@ -44,6 +44,10 @@ from fabric.plan.types import (
     vector_size,
 )
 
+# the column a source with ``nearest:`` adds: the index's distance of each row to the query
+# (float32; smaller is nearer), the VectorSearch node's ``distance_column``
+DISTANCE = "_distance"
+
 
 def build(spec: BindingSpec, catalog: Any) -> N.Plan:
     """The logical plan of ``spec``; raises DslError with every problem found.
@@ -368,7 +372,7 @@ class _Builder:
             raise DslError.at(
                 f"unknown column '{c.name}' in source '{local}'",
                 c.span,
-                did_you_mean(c.name, self.cols[local], "columns"),
+                self._hint(local, c.name),
             )
         owners = [a for a in scope if self._has(a, c.name)]
         if len(owners) == 1:
@@ -390,12 +394,17 @@ class _Builder:
     def _has(self, alias: str, name: str) -> bool:
         return name in self.cols.get(alias, {})
 
+    def _hint(self, alias: str, name: str) -> str:
+        if name == DISTANCE:
+            return f"_distance exists only on a source with nearest:; add nearest: to '{alias}'"
+        return did_you_mean(name, self.cols[alias], "columns")
+
     def _in_source(self, c: A.Column, alias: str, name: str) -> A.Column:
         if not self._has(alias, name):
             raise DslError.at(
                 f"unknown column '{name}' in source '{alias}' ({self.views[alias].uri})",
                 c.span,
-                did_you_mean(name, self.cols[alias], "columns"),
+                self._hint(alias, name),
             )
         return A.Column(name, alias, span=c.span)
 
@@ -473,6 +482,8 @@ class _Builder:
             if view is not None:
                 self.views[s.alias.value] = view
                 self.cols[s.alias.value] = _columns(view.schema, self.nested, s.alias.value)
+                if s.nearest is not None:  # the search's distance to the query, per row
+                    self.cols[s.alias.value][DISTANCE] = pa.float32()
         self.fail_if_problems()
 
         plan: N.Plan | None = None
@@ -523,7 +534,8 @@ class _Builder:
     def source_plan(self, s: SourceSpec) -> tuple[N.Plan, list[tuple[A.Expr, set[str]]]]:
         alias = s.alias.value
         view = self.views[alias]
-        base_cols = set(self.cols[alias])
+        # _distance exists only after the search: a where on it is applied above it
+        base_cols = set(self.cols[alias]) - {DISTANCE}
         fresh = None
         if s.freshness is not None:
             f = s.freshness
