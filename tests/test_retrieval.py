@@ -680,3 +680,28 @@ def test_a_nearest_binding_selects_orders_and_filters_by_distance(tmp_path, metr
         assert "filters=" not in search and "residual=[n._distance <" in search, search
         assert res.table.column("id").to_pylist() == np.argsort(ref)[:6].tolist()
         assert np.allclose(res.table.column("d").to_numpy(), np.sort(ref)[:6], atol=1e-3)
+
+
+def test_a_nearest_metric_other_than_the_index_is_refused(tmp_path):
+    """The search ranks by the index's metric, so ``metric: cosine`` on an l2 index would
+    return l2 neighbours and l2 ``_distance`` under a cosine label: refused at the binding."""
+    import fabric
+    from dsl.errors import DslError
+
+    t, _x = data(200)
+    ds = Dataset.create("ml", SCHEMA, "id", {"emb": IndexSpec("hnsw", metric="l2")}, fold_rows=100)
+    ds.upsert(t)
+    (tmp_path / "b.yaml").write_text(
+        f"binding: m\nsession:\n  q: vector[{DIM}]\nsources:\n  n:\n"
+        "    from: dataset://ml\n"
+        '    nearest: {column: emb, to: "{{session.q}}", k: 5, metric: cosine}\n'
+        "select: [n.id, n._distance]\n"
+    )
+    src = DatasetSource("dataset://ml", ds)
+    with (
+        fabric.open(
+            {"bindings": [str(tmp_path)]}, ingest=False, watch=False, dataset_sources={"ml": src}
+        ) as fab,
+        pytest.raises(DslError, match="differs from the l2 index on 'emb'"),
+    ):
+        fab.query("m", session={"q": np.zeros(DIM)})

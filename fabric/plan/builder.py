@@ -698,9 +698,23 @@ class _Builder:
                 f"declare the session value as vector[{ct.list_size}]",
             )
         metric = nr.metric
-        if metric is None and view.dataset is not None:
-            idx = view.dataset.index(col)
-            metric = idx.metric if idx is not None else None
+        idx = view.dataset.index(col) if view.dataset is not None else None
+        if metric is None and idx is not None:
+            metric = idx.metric
+        # the search always ranks by the index's metric (hnsw defaults to cosine), and
+        # _distance is that metric's number: another metric here would be a quiet lie
+        built = (idx.metric or "cosine") if idx is not None and idx.kind == "hnsw" else None
+        live = getattr(getattr(view, "source", None), "dataset", None)
+        spec = getattr(live, "specs", {}).get(col) if live is not None else None
+        built = getattr(spec, "metric", None) or built
+        if nr.metric is not None and built is not None and nr.metric != built:
+            raise DslError.at(
+                f"nearest metric {nr.metric} differs from the {built} index on '{col}' "
+                f"in {view.uri}; the search ranks by the index's metric",
+                nr.span,
+                f"drop metric: (or write metric: {built}), or index '{col}' with "
+                f"metric: {nr.metric}",
+            )
         filters = tuple(A.unqualify(e) for e in local)
         return N.VectorSearch(
             alias, view.uri, schema, col, nr.to, nr.k, filters, metric=metric, freshness=fresh
