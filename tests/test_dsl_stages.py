@@ -643,3 +643,75 @@ select: [o.id, k.category]
            WHERE k.sku < 20 AND CAST(o.user_id AS VARCHAR) LIKE substring(k.category, 4) || '%'"""
     ).fetchall()
     same(rows(got), want)
+
+
+CORRELATED = """
+binding: skus_of_a_category_with_orders
+stages:
+  big:
+    sources:
+      o: {from: memory://t/orders, where: amount > 20}
+    select: [o.user_id, o.sku]
+sources:
+  c:
+    from: memory://t/categories
+    where: [category = 'cat3', "exists(big where big.sku = c.sku and big.user_id < 25)"]
+select: [c.sku, c.category]
+"""
+
+
+@pytest.fixture(scope="module")
+def null_keys(tables):
+    """orders and categories with NULL skus on both sides of the correlation."""
+    t = dict(tables)
+    for name in ("orders", "categories"):
+        tab = t[name]
+        skus = tab.column("sku").to_pylist()
+        for i in range(0, len(skus), 7):
+            skus[i] = None
+        i = tab.schema.get_field_index("sku")
+        t[name] = tab.set_column(i, "sku", pa.array(skus, tab.schema.field("sku").type))
+    con = duckdb.connect()
+    for name, tab in t.items():
+        con.register(name, tab)
+    return t, world.catalog(t), con
+
+
+@pytest.mark.parametrize("neg", ["", "not "])
+def test_correlation_keys_of_exists_reach_the_stage_scan(null_keys, neg: str) -> None:
+    """``exists(S where S.k = x.k ...)`` and its negation: the keys of x.k (once x's unit
+    is done) are pushed into the stage's scan, which then reads only the rows that can
+    match; the answer is DuckDB's, with NULL keys on both sides."""
+    tables, cat, con = null_keys
+    binding = CORRELATED.replace('"exists(', f'"{neg}exists(')
+    spec = load_text(binding)[0]
+    plan = optimize(build(spec, cat), cat)
+    inner = next(s for s in plan.scans() if s.alias == "o")
+    assert [str(d).split(" max=")[0] for d in inner.dynamic] == ["sku in keys(c.sku)"]
+    res = execute(plan, {}, cat, binding=spec.name)
+    want = con.execute(
+        f"""SELECT c.sku, c.category FROM categories c WHERE c.category = 'cat3' AND
+           {neg.upper()}EXISTS (SELECT 1 FROM orders o WHERE o.amount > 20 AND
+           o.sku = c.sku AND o.user_id < 25)"""
+    ).fetchall()
+    same(rows(res.table), want)
+    needed = con.execute(
+        """SELECT count(*) FROM orders WHERE amount > 20 AND sku IN
+           (SELECT sku FROM categories WHERE category = 'cat3')"""
+    ).fetchone()[0]
+    assert res.stats["sources"]["o"]["rows"] == needed < tables["orders"].num_rows
+
+
+def test_a_stage_used_twice_keeps_all_its_rows(cat, ref) -> None:
+    """The stage is used by a second exists that is not correlated on the key: its scan
+    is not reduced (the second one needs all its rows)."""
+    binding = CORRELATED.replace("category = 'cat3'", "not exists(big where big.user_id = -1)")
+    spec = load_text(binding)[0]
+    plan = optimize(build(spec, cat), cat)
+    assert not next(s for s in plan.scans() if s.alias == "o").dynamic
+    got = execute(plan, {}, cat, binding=spec.name).table
+    want = ref.execute(
+        """SELECT c.sku, c.category FROM categories c WHERE EXISTS (SELECT 1 FROM orders o
+           WHERE o.amount > 20 AND o.sku = c.sku AND o.user_id < 25)"""
+    ).fetchall()
+    same(rows(got), want)

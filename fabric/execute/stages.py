@@ -12,6 +12,9 @@ order. Their results reach the rest of the plan in two ways:
 
 A source unit whose filters use a stage's result is scheduled once that stage is done
 (``fabric.physical.SourceUnit.requires``).
+A stage's scan with a dynamic filter on the keys of a correlated ``exists`` starts once
+the outer unit providing them is done (its filter with the ``exists`` runs above
+that unit), so the stage reads only the rows that can match.
 """
 
 from __future__ import annotations

@@ -16,6 +16,11 @@ measured key count, not the estimate. The big source must support an ``in`` filt
 filters + derived columns), which runs first. Only the inner side of a left join may be
 filtered. A filter that would make two sources wait on each other is not added.
 
+The same filter goes into a stage's scan from a correlated ``exists(S where S.k = x.k
+and ...)`` / ``not exists`` that is the stage's only use (``_exists_candidate``): the
+stage's rows with other keys can never match. ``x``'s unit then runs before the stage's
+scan (the physical planner keeps the filter holding the exists out of that unit).
+
     Join: inner on m.geo_hash = loc.cell
       Derive: loc.cell = geo_hash(loc.lat, loc.lon, 6)
         Scan: loc <- kafka://bus/location_stream latest_by=[user_id] exact=[user_id = {{session.user_id}}]
@@ -28,7 +33,8 @@ import dataclasses
 from typing import Any
 
 from connectors.base import Pushdown
-from dsl.ast import Binary, Column, Expr, InList, Param, conjuncts, sources_of
+from dsl.ast import Binary, Column, Exists, Expr, InList, Param, conjuncts, sources_of
+from dsl.types import is_stage_param
 from fabric.optimizer._util import aliases, ask_filter, derived_names, replace_node
 from fabric.optimizer.cardinality import Estimator
 from fabric.plan.nodes import (
@@ -42,6 +48,8 @@ from fabric.plan.nodes import (
     Scan,
     Sort,
     StageRef,
+    StageResult,
+    WithStages,
 )
 
 SMALL_SIDE = 100_000  # estimated keys; the executor chooses the form on the measured count
@@ -54,6 +62,8 @@ def dynamic_filters(plan: Plan, catalog: Any) -> Plan:
     while True:
         est = Estimator(plan, catalog)
         added = _first_candidate(plan, plan, est, catalog)
+        if added is None:
+            added = _exists_candidate(plan, est, catalog)
         if added is None:
             return plan
         plan = added
@@ -87,10 +97,146 @@ def _first_candidate(root: Plan, node: Plan, est: Estimator, catalog: Any) -> Pl
     return None
 
 
+def _exists_candidate(root: Plan, est: Estimator, catalog: Any) -> Plan | None:
+    """Add one dynamic filter from the outer side of a correlated ``exists(S where
+    S.k = x.k and ...)`` (or ``not exists``) into the scan of ``S.k`` inside stage ``S``:
+    the stage's rows whose ``k`` is not among the keys of ``x.k`` can never match, so
+    either answer is unchanged. Only when that exists is the stage's one use, ``S.k``
+    reaches a scan column (through a grouped stage only on a group key: ``_target``) and
+    the unit of ``x`` cannot wait on a stage (it runs before the stage then; the physical
+    planner leaves the filter with the exists out of that unit)."""
+    if not isinstance(root, WithStages):
+        return None
+    by_name = {s.name: s for s in root.stages}
+    uses: dict[str, list[Exists]] = {}
+    other: set[str] = set()
+    for node in root.walk():
+        if isinstance(node, StageResult):
+            other.add(node.name)
+        for e in _exprs(node):
+            for x in e.walk():
+                if isinstance(x, Exists):
+                    uses.setdefault(x.stage, []).append(x)
+            other |= _stage_params(e)
+    scans = {s.alias: s for s in root.scans()}
+    for name, found in uses.items():
+        stage = by_name.get(name)
+        if stage is None or name in other or len(found) != 1 or found[0].where is None:
+            continue
+        for c in conjuncts(found[0].where):
+            if not (isinstance(c, Binary) and c.op == "="):
+                continue
+            for inner, outer in ((c.left, c.right), (c.right, c.left)):
+                if not (isinstance(inner, Column) and inner.source == name):
+                    continue
+                if not (isinstance(outer, Column) and outer.source in scans):
+                    continue
+                if outer.source in aliases(stage.input) or not _stage_free(
+                    root, outer.source, name
+                ):
+                    continue
+                if outer.qualified in derived_names(root):
+                    continue
+                if outer.name not in scans[outer.source].source_schema.names:
+                    continue
+                out = _try(root, None, None, stage.input, outer, Column(inner.name), est, catalog)
+                if out is not None:
+                    return out
+    return None
+
+
+def _exprs(node: Plan) -> list[Expr]:
+    """The expressions a node holds (filters, items, keys, a scan's pushed filters)."""
+    out: list[Expr] = []
+    for f in dataclasses.fields(node):
+        v = getattr(node, f.name)
+        for x in v if isinstance(v, tuple) else (v,):
+            if isinstance(x, Expr):
+                out.append(x)
+            elif isinstance(x, tuple):
+                out.extend(y for y in x if isinstance(y, Expr))
+            elif dataclasses.is_dataclass(x) and not isinstance(x, Plan | type):
+                out.extend(getattr(x, g.name) for g in dataclasses.fields(x))
+    return [e for e in out if isinstance(e, Expr)]
+
+
+def _stage_free(root: WithStages, alias: str, stage: str) -> bool:
+    """Whether the unit of ``alias`` and the units it takes dynamic keys from (transitively)
+    can all run before ``stage``: their scans and Filter / Derive chains use only the
+    values of stages before it, and ``exists`` only of ``stage`` or of a stage that already
+    takes keys from that unit (the physical planner leaves those filters out of it)."""
+    order = [s.name for s in root.stages]
+    before = set(order[: order.index(stage)])
+    scans = {s.alias: s for s in root.scans()}
+    chains: dict[str, list[Plan]] = {}
+    for node in root.walk():
+        chain: list[Plan] = []
+        leaf = node
+        while isinstance(leaf, Filter | Derive):
+            chain.append(leaf)
+            leaf = leaf.input
+        if isinstance(leaf, Scan) and chain and len(chain) > len(chains.get(leaf.alias, [])):
+            chains[leaf.alias] = chain
+    seen, todo = set(), [alias]
+    while todo:
+        a = todo.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        scan = scans.get(a)
+        if scan is None:
+            return False
+        for e in (*scan.exact, *scan.inexact):
+            if not _stage_params(e) <= before or any(isinstance(x, Exists) for x in e.walk()):
+                return False
+        chain = chains.get(a, [])
+        # the planner runs above the unit every chain node from the lowest one using a
+        # stage that waits on this unit (once this filter is added: ``stage``) upwards
+        cut = [
+            i
+            for i, x in enumerate(chain)
+            if any(t == stage or a in _waits(root, t) for e in _exprs(x) for t in _stage_refs(e))
+        ]
+        for x in chain[max(cut) + 1 :] if cut else chain:
+            for e in _exprs(x):
+                if not _stage_params(e) <= before or any(isinstance(y, Exists) for y in e.walk()):
+                    return False
+        todo.extend(src for d in scan.dynamic for src in sources_of(d.from_expr))
+    return True
+
+
+def _stage_params(e: Expr) -> set[str]:
+    """The stages whose values (``stage:S...`` parameters) ``e`` uses."""
+    return {
+        x.name[len("stage:") :].split(":")[0].split(".")[0]
+        for x in e.walk()
+        if isinstance(x, Param) and is_stage_param(x.name)
+    }
+
+
+def _stage_refs(e: Expr) -> set[str]:
+    return _stage_params(e) | {x.stage for x in e.walk() if isinstance(x, Exists)}
+
+
+def _waits(root: WithStages, stage: str) -> set[str]:
+    """The aliases whose units the scans of ``stage`` take dynamic keys from (transitively)."""
+    deps = {
+        s.alias: {src for d in s.dynamic for src in sources_of(d.from_expr)} for s in root.scans()
+    }
+    seen: set[str] = set()
+    todo = [d for st in root.stages if st.name == stage for s in st.scans() for d in deps[s.alias]]
+    while todo:
+        a = todo.pop()
+        if a not in seen:
+            seen.add(a)
+            todo.extend(deps.get(a, ()))
+    return seen
+
+
 def _try(
     root: Plan,
-    join: Join,
-    small: Plan,
+    join: Join | None,
+    small: Plan | None,
     big: Plan,
     from_expr: Expr,
     key: Column,

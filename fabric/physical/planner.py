@@ -7,6 +7,8 @@
   in-process source (``dataset://``, ``memory://``, or a source saying ``in_process``),
   which runs on the caller's thread. A unit whose dynamic filters take keys from other
   units depends on them; units are ordered key producers first;
+  a Filter / Derive using a stage whose scans take keys from a unit (a correlated
+  ``exists``) is left out of that unit's chain, so the unit never waits on that stage;
 - a Join or Aggregate, with the Filter / Project / Sort / Limit nodes above it, is one
   ``DuckDBRegion`` (one SQL query over its inputs' Arrow tables); the rest of a plan
   without join or aggregate stays in pyarrow (DuckDB's fixed cost is ~0.6 ms a query);
@@ -78,7 +80,7 @@ def plan(logical: Plan, catalog: Any = None) -> PhysicalPlan:
     """The physical plan of the optimized ``logical`` plan (see the module docstring);
     ``catalog`` answers whether a source works in process (None: by its URI kind)."""
     units: dict[str, SourceUnit] = {}
-    root = _Planner(units).node(logical)
+    root = _Planner(units, _stage_waits(logical)).node(logical)
     deps = {a: u.deps for a, u in units.items()}
     order = _unit_order(units, deps)
     if len(order) == 1 and not isinstance(logical, WithStages):
@@ -171,9 +173,32 @@ def needs_sql(node: Plan) -> bool:
 # ---------------------------------------------------------------- building
 
 
+def _stage_waits(logical: Plan) -> dict[str, set[str]]:
+    """stage -> the aliases whose units its scans take dynamic-filter keys from
+    (transitively): a unit among them must not wait on that stage."""
+    if not isinstance(logical, WithStages):
+        return {}
+    deps = {
+        s.alias: {c.source for d in s.dynamic for c in d.from_expr.columns() if c.source}
+        for s in logical.scans()
+    }
+    out: dict[str, set[str]] = {}
+    for st in logical.stages:
+        seen: set[str] = set()
+        todo = [d for s in st.scans() for d in deps.get(s.alias, ())]
+        while todo:
+            a = todo.pop()
+            if a not in seen:
+                seen.add(a)
+                todo.extend(deps.get(a, ()))
+        out[st.name] = seen
+    return out
+
+
 class _Planner:
-    def __init__(self, units: dict[str, SourceUnit]):
+    def __init__(self, units: dict[str, SourceUnit], waits: Mapping[str, set[str]]):
         self.units = units
+        self.waits = waits
 
     def node(self, n: Plan) -> Physical:
         unit = self.unit(n)
@@ -210,6 +235,14 @@ class _Planner:
             chain.append(leaf)
             leaf = leaf.input
         if not isinstance(leaf, Scan | VectorSearch):
+            return None
+        if any(
+            leaf.alias in self.waits.get(s, ())
+            for x in chain
+            for e in node_exprs(x)
+            for s in stage_refs(e)
+        ):
+            # a filter using a stage that takes this unit's keys: it runs above the unit
             return None
         residual = tuple(str(c) for x in chain if isinstance(x, Filter) for c in x.conjuncts)
         if isinstance(leaf, Scan):
