@@ -715,3 +715,101 @@ def test_a_stage_used_twice_keeps_all_its_rows(cat, ref) -> None:
            WHERE o.amount > 20 AND o.sku = c.sku AND o.user_id < 25)"""
     ).fetchall()
     same(rows(got), want)
+
+
+TWO_STAGES = """
+binding: skus_bought_by_a_low_user_and_no_late_high_user
+stages:
+  floor:
+    sources: {o0: {from: memory://t/orders}}
+    select: [avg(o0.amount) as a]
+  low:
+    sources: {o1: {from: memory://t/orders, where: user_id < 10}}
+    select: [o1.sku, o1.user_id]
+  high:
+    sources: {o2: {from: memory://t/orders, where: user_id > 20}}
+    select: [o2.sku, o2.amount]
+sources:
+  c:
+    from: memory://t/categories
+    where:
+      - category = 'cat3'
+      - sku > floor.a - 1000
+      - exists(low where low.sku = c.sku and low.user_id != c.sku)
+      - not exists(high where high.sku = c.sku and high.amount > 190)
+select: [c.sku, c.category]
+"""
+TWO_STAGES_SQL = """SELECT c.sku, c.category FROM categories c WHERE c.category = 'cat3'
+    AND c.sku > (SELECT avg(amount) FROM orders) - 1000
+    AND EXISTS (SELECT 1 FROM orders o WHERE o.user_id < 10 AND o.sku = c.sku
+                AND o.user_id != c.sku)
+    AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.user_id > 20 AND o.sku = c.sku
+                    AND o.amount > 190)"""
+
+
+def test_exists_and_not_exists_of_two_stages_in_one_filter(null_keys) -> None:
+    """Q21's shape (both in one filter) and Q22's (the outer scan uses an earlier stage's
+    value): both stages' scans take the keys of c.sku; the answer is DuckDB's."""
+    tables, cat, con = null_keys
+    spec = load_text(TWO_STAGES)[0]
+    plan = optimize(build(spec, cat), cat)
+    for alias in ("o1", "o2"):
+        scan = next(s for s in plan.scans() if s.alias == alias)
+        assert [str(d).split(" max=")[0] for d in scan.dynamic] == ["sku in keys(c.sku)"]
+    res = execute(plan, {}, cat, binding=spec.name)
+    want = con.execute(TWO_STAGES_SQL).fetchall()
+    same(rows(res.table), want)
+    assert res.stats["sources"]["o1"]["rows"] < tables["orders"].num_rows // 2
+
+
+def test_a_grouped_stage_correlated_on_an_aggregate_keeps_all_its_rows(cat, ref) -> None:
+    """exists over a grouped stage correlated on an aggregate, not a group key: keeping
+    some rows would change the aggregate, so nothing is pushed."""
+    binding = """
+binding: categories_matching_an_order_count
+stages:
+  per_user:
+    sources: {o: {from: memory://t/orders}}
+    select: [o.user_id, count(*) as n]
+    group_by: [o.user_id]
+sources:
+  c:
+    from: memory://t/categories
+    where: exists(per_user where per_user.n = c.sku)
+select: [c.sku]
+"""
+    spec = load_text(binding)[0]
+    plan = optimize(build(spec, cat), cat)
+    assert not next(s for s in plan.scans() if s.alias == "o").dynamic
+    got = execute(plan, {}, cat, binding=spec.name).table
+    want = ref.execute(
+        """SELECT c.sku FROM categories c WHERE EXISTS (SELECT 1 FROM (SELECT user_id,
+           count(*) AS n FROM orders GROUP BY user_id) p WHERE p.n = c.sku)"""
+    ).fetchall()
+    same(rows(got), want)
+
+
+def test_no_keys_from_a_unit_that_waits_on_a_later_stage(null_keys) -> None:
+    """The outer scan uses the value of a stage that runs after the exists' stage: taking
+    its keys would make the stage wait on a unit waiting on a later stage, so nothing is
+    pushed (and the query still runs)."""
+    _, cat, con = null_keys
+    binding = TWO_STAGES.replace(
+        """  floor:
+    sources: {o0: {from: memory://t/orders}}
+    select: [avg(o0.amount) as a]
+""",
+        "",
+    ).replace(
+        "sources:\n  c:",
+        "  floor:\n    sources: {o0: {from: memory://t/orders}}\n"
+        "    select: [avg(o0.amount) as a]\nsources:\n  c:",
+    )
+    spec = load_text(binding)[0]
+    plan = optimize(build(spec, cat), cat)
+    assert [s.name for s in plan.stages] == ["low", "high", "floor"]
+    assert not any(s.dynamic for s in plan.scans())
+    same(
+        rows(execute(plan, {}, cat, binding=spec.name).table),
+        con.execute(TWO_STAGES_SQL).fetchall(),
+    )
