@@ -346,8 +346,10 @@ def test_type_still_works_for_ordinary_snippets(gate_pool):
 
 
 # Finding 6: a binding flooding the pool must not make another binding wait for its backlog.
+# ~0.2 s of CPU per call (well under LIMITS): long enough that six of them form a backlog
+# even when threads start slowly on a loaded machine
 HOSTILE_SLOW = (
-    "def run(table):\n    n = 0\n    for i in range(300000):\n        n += i\n    return table\n"
+    "def run(table):\n    n = 0\n    for i in range(3000000):\n        n += i\n    return table\n"
 )
 
 
@@ -365,7 +367,7 @@ def test_a_flooding_binding_does_not_starve_another():
         flood = [threading.Thread(target=call, args=("hostile", HOSTILE_SLOW)) for _ in range(6)]
         for t in flood:
             t.start()
-        for _ in range(500):  # until the backlog is queued behind the running call
+        for _ in range(3000):  # until the backlog is queued behind the running call
             if sum(len(q) for q in list(pool._waiting.values())) >= 4:
                 break
             time.sleep(0.01)
