@@ -488,6 +488,7 @@ class _Builder:
 
         plan: N.Plan | None = None
         joined: list[str] = []
+        failed: set[str] = set()  # sources whose own plan failed (their problem is recorded)
         deferred: list[tuple[A.Expr, set[str]]] = []
         for s in spec.sources:
             alias = s.alias.value
@@ -495,6 +496,7 @@ class _Builder:
             deferred.extend(cross)
             if leaf is None:
                 joined.append(alias)
+                failed.add(alias)
                 continue
             if plan is None:
                 if s.join is not None and joined == []:
@@ -512,7 +514,9 @@ class _Builder:
                     plan = N.Join(plan, leaf, on, s.join.how if s.join else "inner")
             joined.append(alias)
             if plan is not None:
-                plan = self.apply_deferred(plan, deferred, joined)
+                # a condition over a source that failed is not placed: the plan lacks it
+                placed = [a for a in joined if a not in failed]
+                plan = self.apply_deferred(plan, deferred, placed)
         self.fail_if_problems()
         assert plan is not None
         for e, _aliases in deferred:
