@@ -102,31 +102,6 @@ def assert_matches(ds: Dataset, expected: dict[str, dict]) -> None:
     assert ds.count() == len(expected)
 
 
-def dlq_records(
-    bootstrap: str, topic: str, expect: int, timeout: float = 20
-) -> dict[tuple[int, int], str]:
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"dlq-check-{time.time()}",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    c.subscribe([topic + ".dlq"])
-    out: dict[tuple[int, int], str] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and len(out) < expect:
-            m = c.poll(0.5)
-            if m is None or m.error():
-                continue
-            h = {k: v.decode() for k, v in m.headers()}
-            out[(int(h["fabric.partition"]), int(h["fabric.offset"]))] = h["fabric.error"]
-    finally:
-        c.close()
-    return out
-
-
 @pytest.fixture
 def cleanup_dlq(kafka_bootstrap):
     topics: list[str] = []
@@ -229,7 +204,9 @@ def test_kill_9_mid_ingest_then_restart_converges_exactly(
     hits, _ = ds.search("vec", probe["vec"], 5)
     assert hits.num_rows == 5
 
-    dead = dlq_records(kafka_bootstrap, topic, expect=len(bad_at))
+    from tests.faults.helpers import dlq  # helpers import this module: not at its top
+
+    dead = {at: h["fabric.error"] for at, h in dlq(kafka_bootstrap, topic, len(bad_at)).items()}
     assert set(dead) == {prod.where[i] for i in bad_at}  # each bad message, with its offset
     assert any("field 'n'" in e for e in dead.values()) and any(
         "invalid JSON" in e for e in dead.values()
