@@ -186,23 +186,9 @@ def world(
 
 
 def _cleanup(env: dict[str, str]) -> None:
-    import contextlib
+    from examples.seed.load import drop_loaded
 
-    import sqlalchemy as sa
-    from confluent_kafka.admin import AdminClient
-    from pymongo import MongoClient
-
-    with contextlib.suppress(Exception):
-        server, _, db = env["FABRIC_SHOP_URL"].rpartition("/")
-        eng = sa.create_engine(server + "/")
-        with eng.begin() as c:
-            c.execute(sa.text(f"DROP DATABASE IF EXISTS `{db}`"))
-        eng.dispose()
-    with contextlib.suppress(Exception):
-        MongoClient(env["FABRIC_MONGO_URL"]).drop_database(env["FABRIC_CRM_DB"])
-    with contextlib.suppress(Exception):
-        admin = AdminClient({"bootstrap.servers": env["FABRIC_KAFKA_BOOTSTRAP"]})
-        admin.delete_topics([env["FABRIC_LOCATION_TOPIC"], env["FABRIC_NEWS_TOPIC"]])
+    drop_loaded(env)
 
 
 def _sessions(world: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -197,5 +197,28 @@ def main() -> None:
     print("loaded:", ", ".join(f"{k}={v}" for k, v in counts.items()))
 
 
+def drop_loaded(env: dict[str, str]) -> None:
+    """Drop what a run loaded under its own names (the ``FABRIC_*`` database, collection and
+    topics in ``env``); what is already gone is skipped. Used by the service benchmark and
+    its tests."""
+    import contextlib
+
+    import sqlalchemy as sa
+    from confluent_kafka.admin import AdminClient
+    from pymongo import MongoClient
+
+    with contextlib.suppress(Exception):
+        server, _, db = env["FABRIC_SHOP_URL"].rpartition("/")
+        eng = sa.create_engine(server + "/")
+        with eng.begin() as c:
+            c.execute(sa.text(f"DROP DATABASE IF EXISTS `{db}`"))
+        eng.dispose()
+    with contextlib.suppress(Exception):
+        MongoClient(env["FABRIC_MONGO_URL"]).drop_database(env["FABRIC_CRM_DB"])
+    with contextlib.suppress(Exception):
+        admin = AdminClient({"bootstrap.servers": env["FABRIC_KAFKA_BOOTSTRAP"]})
+        admin.delete_topics([env["FABRIC_LOCATION_TOPIC"], env["FABRIC_NEWS_TOPIC"]])
+
+
 if __name__ == "__main__":
     main()
