@@ -720,8 +720,7 @@ class _Run:
             for j, jrel in joins:
                 if j is node:
                     continue
-                counted = b.run(f"SELECT count(*) AS n FROM ({jrel.sql}) AS c", part=True)
-                n = counted.column("n")[0].as_py()
+                n = b.run(f"SELECT count(*) AS n FROM ({jrel.sql}) AS c").column("n")[0].as_py()
                 self.node_stats[id(j)] = {
                     "op": j.header(),
                     "rows": n,

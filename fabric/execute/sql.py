@@ -240,17 +240,12 @@ class SqlBuilder:
         return ", ".join(out)
 
     # ------------------------------------------------------------ running
-    def run(self, sql: str, *, part: bool = False) -> pa.Table:
-        """Run ``sql``, built by this builder. ``part``: it is a piece of the builder's query
-        (explain analyze's per-join counts) and uses only some of the bound values, which
-        are renumbered (scanning the text costs time, so only then)."""
+    def run(self, sql: str) -> pa.Table:
         cur = cursor()
         try:
             for name, t in self.tables.items():
                 cur.register(name, t)
-            values = self.values
-            if part:
-                sql, values = used_params(sql, values)
+            sql, values = used_params(sql, self.values)
             return cur.sql(sql, params=values or None).to_arrow_table()
         finally:
             cur.close()
