@@ -162,14 +162,24 @@ def _incident(
         burst.start()
         while burst.is_alive() and not events:
             time.sleep(0.05)
-        res = fab.query("market_headlines", session={"symbol": "NVDA"})
-        f = res.freshness["h"]
-        log(
-            f"a query during the lag is flagged: status={f['status']} lag_messages={f['lag_messages']}"
-        )
+        # Queries while the burst lands: each answer's label must agree with the lag it
+        # reports against the binding's bound (max_lag_messages: 1000). Ingestion can drain
+        # the lag between the data_stale signal and a query, so the demo samples until one
+        # answer is taken above the bound (or the lag is gone) rather than trusting one.
+        seen: list[tuple[str, int]] = []
+        until = time.time() + 10
+        while time.time() < until:
+            f = fab.query("market_headlines", session={"symbol": "NVDA"}).freshness["h"]
+            seen.append((f["status"], int(f["lag_messages"] or 0)))
+            if f["lag_messages"] and f["lag_messages"] > 1000 or not burst.is_alive():
+                break
+        status, lag = seen[-1]
+        log(f"a query during the lag is flagged: status={status} lag_messages={lag}")
+        wrong = [s for s in seen if s[1] > 1000 and s[0] != "stale"]
         check(
-            not events or f["status"] == "stale",
-            "a query during the lag is flagged stale (on_stale: flag)",
+            not wrong,
+            f"every answer above the bound is flagged stale (on_stale: flag); "
+            f"{len(seen)} sampled, mislabelled: {wrong[:3]}",
         )
         burst.join()
         log("burst produced")
