@@ -138,4 +138,5 @@ def test_runnable_blocks(doc, tmp_path):
 
 
 def test_the_docs_have_runnable_blocks():
-    assert any(b.id.startswith("docs/quickstart.md") for b in RUN)
+    for doc in ("docs/quickstart.md", "README.md"):
+        assert any(b.id.startswith(doc + ":") for b in RUN), doc
