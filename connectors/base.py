@@ -138,6 +138,9 @@ class ScanRequest:
     time_range: tuple[float | None, float | None] | None = None
     batch_size: int = 65_536
     timeout: float | None = 30.0
+    #: what this scan cost at its source (requests, retries, rate-limit waits), filled by
+    #: the source while it scans and reported under the source in ``res.stats``
+    metrics: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 class Source:

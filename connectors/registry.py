@@ -130,6 +130,24 @@ _BUILTIN = (
     ConnectorSpec(
         "memory", "connectors.memory:MemoryConnection", ("options",), _SQL_CAPS, "tables"
     ),
+    ConnectorSpec(
+        "rest",
+        "connectors.rest:RestConnection",
+        (
+            "base_url",
+            "headers",
+            "auth",
+            "timeout",
+            "connect_timeout",
+            "query_timeout",
+            "rate_limit",
+            "retries",
+            "endpoints",
+            "options",
+        ),
+        _FILE_CAPS,
+        "endpoints",
+    ),
 )
 
 #: kind -> spec; built-ins first, then ``register_connection`` calls

@@ -495,6 +495,9 @@ class _Run:
             table = table.select(list(scan.projection))
         table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
         self._source_stats(alias, scan, rows, nbytes, len(batches), ms, dyn_stats)
+        if request.metrics:  # what the scan cost at the source (REST: requests, retries, waits)
+            with self._lock:
+                self.sources[alias]["source"] = dict(request.metrics)
         return table
 
     def _source_stats(
@@ -929,6 +932,13 @@ class _Run:
                     parts.append(f"dynamic {d['filter']}: {d['keys']} keys {how}")
                 if src.get("skipped"):
                     parts.append("scan skipped (no keys)")
+                m = src.get("source")
+                if m:  # requests, retries and rate-limit waits of a REST (or limited) source
+                    parts.append(
+                        f"requests={m.get('requests', 0)} retries={m.get('retries', 0)}"
+                        f" throttled={m.get('throttle_wait_ms', 0):.1f}ms"
+                        f" backoff={m.get('backoff_wait_ms', 0):.1f}ms"
+                    )
                 f = self.freshness.get(alias)
                 if f is not None:
                     parts.append(f"freshness={f['status']}")
