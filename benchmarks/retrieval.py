@@ -316,42 +316,6 @@ def faiss_run(
     return out
 
 
-def usearch_run(
-    x: np.ndarray, qs: np.ndarray, pts: list[Point], gts: list[list[np.ndarray]], ef: int
-) -> dict[str, dict] | str:
-    """usearch HNSW (connectivity 16, expansion_add 200, expansion_search = ef); its Python
-    API has no filter, so a filtered point post-filters k' = 1.5 k / selectivity + k
-    (cap 4,096) results -- what a user of it would write."""
-    try:
-        from usearch.index import Index
-    except ImportError:
-        return "usearch not installed (pip install -e .[bench])"
-    t = time.perf_counter()
-    idx = Index(
-        ndim=DIM,
-        metric="l2sq",
-        dtype="f32",
-        connectivity=16,
-        expansion_add=200,
-        expansion_search=ef,
-    )
-    idx.add(np.arange(len(x)), x, threads=os.cpu_count() or 1)
-    out: dict[str, dict] = {"_build_s": {"s": time.perf_counter() - t}}
-    for p, gt in zip(pts, gts):
-        sel = max(float(p.mask.mean()), 1e-9)
-        kp = K if p.where is None else min(4096, int(np.ceil(K * 1.5 / sel)) + K)
-        lat, rec = [], []
-        for q, exp in zip(qs, gt):
-            t = time.perf_counter()
-            m = idx.search(q, kp, threads=1)
-            keys = np.asarray(m.keys, dtype=np.int64)
-            keys = keys[p.mask[keys]][:K]
-            lat.append(time.perf_counter() - t)
-            rec.append(recall(keys, exp))
-        out[p.name] = {"p50": float(np.median(lat)) * 1e3, "recall": float(np.mean(rec))}
-    return out
-
-
 def lance_sql(e: Expr | None, n: int) -> str | None:
     """The same predicate for LanceDB (keywords as boolean columns, time as seconds)."""
     if e is None:
@@ -564,7 +528,15 @@ def main() -> None:
     ap.add_argument(
         "--peers",
         action="store_true",
-        help="also run the peers installed from the 'bench' extra (usearch; faiss runs unless --no-faiss; LanceDB with --lancedb Q)",
+        help="also run the vector-database peers (benchmarks/retrieval_peers.py: faiss, usearch, "
+        "LanceDB, Chroma, Milvus Lite, Qdrant local; pip install -e '.[bench]') on the same data "
+        "and queries, interleaved",
+    )
+    ap.add_argument(
+        "--peer-slow-queries",
+        type=int,
+        default=20,
+        help="queries for the slow peers (Chroma, Milvus Lite, Qdrant local) with --peers",
     )
     ap.add_argument(
         "--api", action="store_true", help="also time the optimizer through fabric.open/fab.query"
@@ -695,31 +667,13 @@ def main() -> None:
             for p in pts:
                 r = fr[p.name]
                 print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
-    if args.peers:
-        ur = usearch_run(x, qs, pts, gts, args.ef)
+    if args.peers:  # benchmarks/retrieval_peers.py: every peer's own filtered search
+        import retrieval_peers
+
         print()
-        if isinstance(ur, str):
-            print(f"usearch: skipped ({ur})")
-        else:
-            print(
-                f"## usearch HNSW connectivity=16 expansion_add=200 expansion_search={args.ef}, post-filter k'=1.5k/sel+k (build {ur['_build_s']['s']:.1f} s; library call only)"
-            )
-            print()
-            print("| point | p50 ms | recall@10 |")
-            print("|---|---|---|")
-            for p in pts:
-                r = ur[p.name]
-                print(f"| {p.name} | {r['p50']:.3f} | {r['recall']:.2f} |")
-        for mod, pkg in (
-            ("chromadb", "chromadb"),
-            ("milvus_lite", "milvus-lite"),
-            ("qdrant_client", "qdrant-client"),
-        ):
-            try:
-                __import__(mod)
-                print(f"\n{pkg}: installed, but no runner in this benchmark yet")
-            except ImportError:
-                print(f"\n{pkg}: not run (not installed; pip install -e .[bench])")
+        retrieval_peers.compare(
+            src, x, a, qs, pts, gts, ef=args.ef, slow_queries=args.peer_slow_queries
+        )
     if args.lancedb:
         lr = lancedb_run(x, a, qs, pts, gts, args.cache, args.lancedb)
         print()
