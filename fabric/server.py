@@ -121,8 +121,10 @@ def create_app(
     ready: Callable[[], dict[str, Any]] | None = None,
     routes: Sequence[Route] = (),
     collectors: Sequence[Any] = (),
+    lifespan: Callable[[Any], Any] | None = None,
 ) -> Starlette:
-    """``routes`` and ``collectors``: the query service's (fabric.service), when served."""
+    """``routes``, ``collectors`` and ``lifespan``: the query service's (fabric.service; the
+    lifespan runs the mounted MCP app's session manager), when served."""
     registry = CollectorRegistry()
     registry.register(FreshnessCollector(tracker, emitter))
     for c in collectors:
@@ -210,7 +212,8 @@ def create_app(
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             *routes,
-        ]
+        ],
+        lifespan=lifespan,
     )
 
 
@@ -325,7 +328,7 @@ class ServerThread:
         config = uvicorn.Config(
             app,
             log_level="warning",
-            lifespan="off",
+            lifespan="auto",  # the mounted MCP app's session manager (fabric.service.mcp)
             timeout_graceful_shutdown=1,
             access_log=False,
             http=guarded_protocol(limits.header_timeout, connection_cap(limits.max_connections)),
@@ -453,15 +456,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     routes: list[Route] = []
     collectors: list[Any] = []
     flight: Any = None
+    lifespan: Any = None
     try:
         host = args.host or getattr(service.server_config, "host", None) or "127.0.0.1"
         if fab is not None:
             from fabric.service import http as service_http
+            from fabric.service import mcp as service_mcp
             from fabric.service.core import QueryService
             from fabric.service.flight import FlightThread
 
             qs = QueryService(fab)
             routes, collectors = service_http.routes(qs), [qs.metrics]
+            try:
+                mcp_route, lifespan = service_mcp.mount(qs, host)
+                routes.append(mcp_route)
+            except ImportError as exc:  # the mcp SDK is in the [serve] extra
+                log.warning("fabric serve: no MCP at /mcp (%s); install the [serve] extra", exc)
             fport = args.flight_port
             if fport is None:
                 fport = getattr(service.server_config, "flight_port", 8815)
@@ -473,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ready=service.readiness,
             routes=routes,
             collectors=collectors,
+            lifespan=lifespan,
         )
         port = args.port if args.port is not None else getattr(service.server_config, "port", 8765)
         srv = ServerThread(app, host, port, limits=_limits(service.server_config, args))
@@ -487,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if flight is not None:
         print(f"fabric serve: queries on {flight.url} (Arrow Flight)", flush=True)
+        if lifespan is not None:
+            print(f"fabric serve: MCP tools on {srv.url}/mcp (streamable HTTP)", flush=True)
     log.info(
         "fabric serve: %s (freshness %s/v1/freshness, metrics %s/metrics)",
         srv.url,

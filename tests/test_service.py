@@ -616,6 +616,37 @@ def test_seed_bindings_as_mcp_tools_over_stdio_and_http(world) -> None:
         proc.wait(10)
 
 
+def test_mcp_over_http_mounted_in_fabric_serve(world) -> None:
+    """``fabric serve`` itself answers MCP at /mcp (the real SDK's client), in front of the
+    same service as Flight and HTTP JSON: the same tokens, pins, refusals and metrics."""
+    served, emb = world["served"], world["emb"]
+    url = served.http + "/mcp"
+    calls = [(n, wire.encode_session(s)) for n, s in _sessions(world)]
+    tools, results = _mcp_http(url, TOKENS["alice"], calls)
+    by_name = {t.name: t for t in tools.tools}
+    assert set(by_name) == set(emb.bindings.names())
+    assert by_name["nearby_offers"].description == emb.binding("nearby_offers").spec.description
+    assert by_name["nearby_offers"].input_schema["properties"]["user_id"]["type"] == "integer"
+    for (name, session), res in zip(_sessions(world), results, strict=True):
+        assert _mcp_rows(res) == _rows(emb.query(name, session).table), name
+    # bob: only his binding, his user_id pinned (left out of the schema and applied)
+    tools, results = _mcp_http(
+        url, TOKENS["bob"], [("nearby_offers", {}), ("top_category_last_week", {"user_id": 1})]
+    )
+    assert [t.name for t in tools.tools] == ["nearby_offers"]
+    assert "user_id" not in tools.tools[0].input_schema["properties"]
+    assert _mcp_rows(results[0]) == _rows(emb.query("nearby_offers", {"user_id": 7}).table)
+    assert results[1].is_error and "may not run binding" in results[1].content[0].text
+    for headers in ({}, {"Authorization": "Bearer " + "x" * 20}):
+        req = urllib.request.Request(url, data=b"{}", method="POST", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(req, timeout=10)
+        assert exc.value.code == 401 and b"token" in exc.value.read()
+    text = served.metrics()  # the calls went through the one QueryService
+    assert 'fabric_query_seconds_count{binding="nearby_offers"' in text
+    assert re.search(r'fabric_query_errors_total\{agent="bob",kind="forbidden"\} [1-9]', text)
+
+
 def _blocks(path: Path) -> list[tuple[str, str]]:
     return re.findall(r"```(\w+)\n(.*?)```", path.read_text(), flags=re.S)
 
@@ -691,9 +722,10 @@ def test_docs_service_blocks(world, tmp_path) -> None:
                 text=True,
             )
             try:
-                seen = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+                seen = [proc.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]
                 assert "queries on grpc://127.0.0.1:" in seen[0], seen
-                assert "listening on http://127.0.0.1:" in seen[1], seen
+                assert re.search(r"MCP tools on http://127\.0\.0\.1:\d+/mcp", seen[1]), seen
+                assert "listening on http://127.0.0.1:" in seen[2], seen
             finally:
                 proc.terminate()
                 proc.wait(20)

@@ -10,7 +10,8 @@ binding's declaration).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from fabric.service.auth import AgentConfig, Authenticator, FairScheduler
@@ -63,8 +64,9 @@ class QueryService:
 
     # ---- requests
     def query(self, agent: AgentConfig, binding: str, session: Mapping[str, Any] | None) -> Any:
-        agent.check_binding(binding)
-        values = agent.session(session)
+        with self._counted(agent):
+            agent.check_binding(binding)
+            values = agent.session(session)
         return self._run(agent, binding, lambda: self.fab.query(binding, values))
 
     def query_text(
@@ -86,7 +88,8 @@ class QueryService:
                 f"agent {agent.name!r} may not send python snippets (nothing was run); set "
                 "python: true for it in agents: of fabric.yaml",
             )
-        values = agent.session(session)
+        with self._counted(agent):
+            values = agent.session(session)
         return self._run(
             agent, "<text>", lambda: self.fab.query_text(text, values or None, python=python)
         )
@@ -98,8 +101,9 @@ class QueryService:
         session: Mapping[str, Any] | None,
         analyze: bool = False,
     ) -> str:
-        agent.check_binding(binding)
-        values = agent.session(session) if (session or agent.pin) else None
+        with self._counted(agent):
+            agent.check_binding(binding)
+            values = agent.session(session) if (session or agent.pin) else None
         return self._run(
             agent,
             binding,
@@ -143,6 +147,16 @@ class QueryService:
         return {"dataset": dataset, "upserted": n if isinstance(n, int) else table.num_rows}
 
     # ---- running
+    @contextmanager
+    def _counted(self, agent: AgentConfig) -> Iterator[None]:
+        """A refusal of the agent's rights (a binding not granted, a pinned value) is counted
+        in ``fabric_query_errors_total`` like every other error."""
+        try:
+            yield
+        except ServiceError as e:
+            self.metrics.error(agent.name, e.kind)
+            raise
+
     def _refused(self, agent: AgentConfig, message: str) -> Forbidden:
         self.metrics.error(agent.name, Forbidden.kind)
         return Forbidden(message)

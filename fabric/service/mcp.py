@@ -7,10 +7,13 @@ A call returns the rows, freshness and stats as JSON text and as structured cont
     fabric mcp --config fabric.yaml                  # stdio, an embedded fabric
     fabric mcp --connect grpc://host:8815            # stdio, in front of a fabric serve
     fabric mcp --http --port 8790 --config fabric.yaml   # streamable HTTP at /mcp
+    fabric serve --config fabric.yaml   # with agents:, also at http://host:port/mcp
 
 The token is the same as for Flight and HTTP: over stdio from ``--token-env`` (default
 ``FABRIC_TOKEN``), checked when the server starts; over HTTP each request's
 ``Authorization: Bearer <token>`` (401 without one, before any MCP message is read).
+``fabric serve`` mounts the HTTP app next to its query routes (``mount``), in front of the
+same ``QueryService`` as Flight and HTTP JSON: one queue, one set of metrics.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from fabric.service.errors import ServiceError, Unauthenticated
 class EmbeddedTools:
     """Tools of a fabric in this process, authorized by ``QueryService``."""
 
-    def __init__(self, fab: Any):
+    def __init__(self, fab: Any = None, *, service: Any = None):
         from fabric.service.core import QueryService
 
-        self.service = QueryService(fab)
+        self.service = service if service is not None else QueryService(fab)
 
     def check(self, authorization: str | None) -> None:
         self.service.agent(authorization)
@@ -127,26 +130,49 @@ def build_server(backend: Any, stdio_authorization: str | None = None) -> Any:
     )
 
 
-def http_app(backend: Any, host: str = "127.0.0.1") -> Any:
-    """The streamable HTTP app at ``/mcp``, refusing requests without a valid token."""
-    from starlette.responses import JSONResponse
+class Authorized:
+    """An ASGI app behind the fabric's token check: an HTTP request without a valid token is
+    answered 401 (403 for a token the service refuses) before ``inner`` reads any of it."""
 
-    inner = build_server(backend).streamable_http_app(host=host)
+    def __init__(self, backend: Any, inner: Any):
+        self.backend = backend
+        self.inner = inner
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
             import anyio
+            from starlette.responses import JSONResponse
 
+            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
             try:
-                await anyio.to_thread.run_sync(backend.check, headers.get("authorization"))
+                await anyio.to_thread.run_sync(self.backend.check, headers.get("authorization"))
             except ServiceError as e:
                 status = 401 if isinstance(e, Unauthenticated) else e.http_status
                 await JSONResponse({"error": str(e), "kind": e.kind}, status)(scope, receive, send)
                 return
-        await inner(scope, receive, send)
+        await self.inner(scope, receive, send)
 
-    return app
+    def lifespan(self) -> Any:
+        """The MCP session manager's lifetime (its task group), for an app mounting this."""
+        return self.inner.router.lifespan_context(self.inner)
+
+
+def http_app(backend: Any, host: str = "127.0.0.1") -> Authorized:
+    """The streamable HTTP app at ``/mcp``, refusing requests without a valid token."""
+    return Authorized(backend, build_server(backend).streamable_http_app(host=host))
+
+
+def mount(service: Any, host: str = "127.0.0.1") -> tuple[Any, Any]:
+    """``(route, lifespan)`` serving MCP at ``/mcp`` of ``fabric serve``'s HTTP app, in front
+    of its ``QueryService`` (the same tokens, queue and metrics as Flight and HTTP JSON)."""
+    from starlette.routing import Route
+
+    app = http_app(EmbeddedTools(service=service), host)
+
+    def lifespan(_app: Any) -> Any:
+        return app.lifespan()
+
+    return Route("/mcp", endpoint=app), lifespan
 
 
 def main(argv: Sequence[str] | None = None) -> int:
