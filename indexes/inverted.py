@@ -11,11 +11,19 @@ whitespace split (for ASCII text that is exactly Python's ``\\w+`` plus
 each distinct token's bitmap is built or extended in one call.
 Values holding non-ASCII characters go through ``match_tokens`` itself, one value at a
 time, because Unicode ``\\w`` and lower-casing differ between Python and RE2/utf8proc.
+
+BM25 statistics are kept exactly as rows come and go (``indexes.ranking`` scores with
+them): the token count of every row (``doclen``, by row id), the number of indexed rows
+and the sum of their lengths, and the term frequency of every (token, row) pair that
+occurs more than once (``tf``: per token, row ids and counts; a pair absent there has
+frequency 1). Row ids are never reused, so a deleted row's entries only need to leave the
+postings; its length leaves the totals and its ``tf`` entries are pruned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,6 +34,17 @@ from pyroaring import BitMap
 from connectors.arrow_expr import match_tokens
 from indexes.btree import bitmap_of
 from indexes.spec import DatasetError
+
+
+def _merge(chunks: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One (rows, counts) pair from a token's tf chunks, sorted by row id."""
+    if len(chunks) == 1:
+        return chunks[0]
+    r = np.concatenate([c[0] for c in chunks])
+    f = np.concatenate([c[1] for c in chunks])
+    order = np.argsort(r, kind="stable")
+    return r[order], f[order]
+
 
 # ASCII byte -> itself lower-cased if a word character ([A-Za-z0-9_]), else a space
 _FOLD = np.full(256, ord(" "), dtype=np.uint8)
@@ -79,7 +98,8 @@ def token_pairs(
     rowids: np.ndarray, values: pa.Array | pa.ChunkedArray
 ) -> tuple[pa.Array, np.ndarray, np.ndarray]:
     """Every (token, row) occurrence of a column: (distinct tokens, token index per pair,
-    row id per pair). Pairs may repeat (a word twice in a document); bitmaps ignore that."""
+    row id per pair). Pairs repeat as often as the word occurs in the document (its term
+    frequency); bitmaps ignore that."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
     rowids = np.asarray(rowids, dtype=np.int64)
@@ -101,7 +121,7 @@ def token_pairs(
     if not ascii_.all():  # exact Python tokenization for the non-ASCII values
         odd = np.flatnonzero(~ascii_)
         for i, v in zip(odd.tolist(), values.take(pa.array(odd)).to_pylist()):
-            toks = set(match_tokens(v))
+            toks = match_tokens(v)  # repeats kept: they are term frequencies
             extra_tok.extend(toks)
             extra_row.extend([int(parents[i])] * len(toks))
         keep = np.flatnonzero(ascii_)
@@ -119,20 +139,38 @@ def token_pairs(
     return enc.dictionary, enc.indices.to_numpy(zero_copy_only=False), rows
 
 
-def grouped(
-    rowids: np.ndarray, values: pa.Array | pa.ChunkedArray
-) -> tuple[list[str], list[int], list[str], list[np.ndarray]]:
-    """The column's postings for one batch, split for speed (most tokens of a batch,
-    e.g. numbers and names, occur in one row only): (tokens held by one row, that row)
-    and (tokens held by several rows, their sorted uint32 row ids)."""
+@dataclass
+class Batch:
+    """One batch's postings, split for speed (most tokens of a batch, e.g. numbers and
+    names, occur in one row only), plus what BM25 needs from it."""
+
+    toks1: list[str]  # tokens held by one row ...
+    rows1: list[int]  # ... that row
+    toksn: list[str]  # tokens held by several rows ...
+    multi: list[np.ndarray]  # ... their sorted uint32 row ids
+    rep_toks: list[str] = field(default_factory=list)  # tokens occurring twice+ in a row
+    rep_rows: list[np.ndarray] = field(default_factory=list)  # those rows (uint32, sorted)
+    rep_tf: list[np.ndarray] = field(default_factory=list)  # and the counts (uint32)
+    lengths: tuple[np.ndarray, np.ndarray] | None = None  # (row ids, token counts)
+
+
+def grouped(rowids: np.ndarray, values: pa.Array | pa.ChunkedArray) -> Batch:
+    """The column's postings for one batch (``Batch``): every distinct (token, row) pair
+    once, the pairs occurring more than once with their counts, and each row's length."""
     dictionary, codes, rows = token_pairs(rowids, values)
     if not len(codes):
-        return [], [], [], []
+        return Batch([], [], [], [], lengths=(np.empty(0, np.int64), np.empty(0, np.int64)))
+    ur, lens = np.unique(rows, return_counts=True)
     if len(rows) > 1 and bool((np.diff(rows) < 0).any()):
         order = np.lexsort((rows, codes))  # by token, then row id
     else:  # rows ascending already (row order): a stable sort by token keeps them so
         order = np.argsort(codes, kind="stable")
     codes, rows = codes[order], rows[order]
+    first = np.ones(len(codes), dtype=bool)  # first occurrence of each (token, row) pair
+    first[1:] = (codes[1:] != codes[:-1]) | (rows[1:] != rows[:-1])
+    pair_at = np.flatnonzero(first)
+    tf = np.diff(np.append(pair_at, len(codes)))
+    codes, rows = codes[pair_at], rows[pair_at]
     starts = np.flatnonzero(np.diff(codes, prepend=-1))
     counts = np.diff(np.append(starts, len(codes)))
     one = counts == 1
@@ -141,36 +179,73 @@ def grouped(
     toksn = dictionary.take(pa.array(codes[sn])).to_pylist()
     rows = rows.astype(np.uint32)
     multi = [rows[s : s + c] for s, c in zip(sn.tolist(), counts[~one].tolist())]
-    return toks1, rows[s1].tolist(), toksn, multi
+    out = Batch(toks1, rows[s1].tolist(), toksn, multi, lengths=(ur, lens))
+    rep = np.flatnonzero(tf > 1)
+    if len(rep):
+        rc = codes[rep]
+        rs = np.flatnonzero(np.diff(rc, prepend=-1))
+        re_ = np.append(rs, len(rc))
+        out.rep_toks = dictionary.take(pa.array(rc[rs])).to_pylist()
+        rrows, rtf = rows[rep], tf[rep].astype(np.uint32)
+        out.rep_rows = [rrows[a:b] for a, b in zip(re_[:-1].tolist(), re_[1:].tolist())]
+        out.rep_tf = [rtf[a:b] for a, b in zip(re_[:-1].tolist(), re_[1:].tolist())]
+    return out
 
 
 class InvertedIndex:
+    #: tf chunks per token merged into one once a token holds more than this many
+    TF_CHUNKS = 16
+
     def __init__(self, column: str, type_: pa.DataType):
         check_type(column, type_)
         self.column = column
         self.type = type_
         self.postings: dict[str, BitMap] = {}
+        # BM25 statistics, exact under upsert/delete (see the module docstring)
+        self.doclen = np.zeros(0, dtype=np.int32)  # tokens per row id (0: none / deleted)
+        self.docs = 0  # rows indexed (live), text or not
+        self.total_len = 0  # sum of their lengths
+        self.tf: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # token -> (rows, counts)
 
     def add(self, rowids: np.ndarray, values: pa.Array | pa.ChunkedArray) -> None:
         """Index ``values[i]`` under row id ``rowids[i]`` (one vectorized pass per batch)."""
         postings = self.postings
-        toks1, rows1, toksn, groups = grouped(rowids, values)
-        if not postings.keys() & toks1:  # all new (ids, numbers, names): one C-level pass
-            postings.update(zip(toks1, map(BitMap, zip(rows1))))
+        b = grouped(rowids, values)
+        if not postings.keys() & b.toks1:  # all new (ids, numbers, names): one C-level pass
+            postings.update(zip(b.toks1, map(BitMap, zip(b.rows1))))
         else:
-            for tok, r in zip(toks1, rows1):
+            for tok, r in zip(b.toks1, b.rows1):
                 bm = postings.get(tok)
                 if bm is None:
                     postings[tok] = BitMap((r,))
                 else:
                     bm.add(r)
-        for tok, ids in zip(toksn, groups):
+        for tok, ids in zip(b.toksn, b.multi):
             new = bitmap_of(ids) if len(ids) > 64 else BitMap(ids.tolist())
             bm = postings.get(tok)
             if bm is None:
                 postings[tok] = new
             else:
                 bm |= new
+        self._add_stats(np.asarray(rowids, dtype=np.int64), b)
+
+    def _add_stats(self, rowids: np.ndarray, b: Batch) -> None:
+        top = int(rowids.max()) + 1 if len(rowids) else 0
+        if top > len(self.doclen):
+            grown = np.zeros(max(top, 2 * len(self.doclen), 1024), dtype=np.int32)
+            grown[: len(self.doclen)] = self.doclen
+            self.doclen = grown
+        self.doclen[rowids] = 0
+        assert b.lengths is not None
+        rows, lens = b.lengths
+        self.doclen[rows] = lens
+        self.docs += len(rowids)
+        self.total_len += int(lens.sum())
+        for tok, r, f in zip(b.rep_toks, b.rep_rows, b.rep_tf):
+            chunks = self.tf.setdefault(tok, [])
+            chunks.append((r, f))
+            if len(chunks) > self.TF_CHUNKS:
+                self.tf[tok] = [_merge(chunks)]
 
     def remove(
         self, rowids: Iterable[int], values: Sequence[object] | pa.Array | pa.ChunkedArray
@@ -179,19 +254,56 @@ class InvertedIndex:
         ids = np.fromiter((int(r) for r in rowids), dtype=np.int64)
         if not isinstance(values, pa.Array | pa.ChunkedArray):
             values = pa.array(list(values), self.type)
-        toks1, rows1, toksn, groups = grouped(ids, values)
-        for tok, r in zip(toks1, rows1):
+        b = grouped(ids, values)
+        for tok, r in zip(b.toks1, b.rows1):
             bm = self.postings.get(tok)
             if bm is not None:
                 bm.discard(r)
                 if not bm:
                     del self.postings[tok]
-        for tok, rows in zip(toksn, groups):
+        for tok, rows in zip(b.toksn, b.multi):
             bm = self.postings.get(tok)
             if bm is not None:
                 bm -= bitmap_of(rows)
                 if not bm:
                     del self.postings[tok]
+        # statistics: the rows' lengths leave the totals, their repeated pairs the tf lists
+        self.docs -= len(ids)
+        self.total_len -= int(self.doclen[ids].sum())
+        self.doclen[ids] = 0
+        for tok, gone in zip(b.rep_toks, b.rep_rows):
+            chunks = self.tf.get(tok)
+            if chunks is None:
+                continue
+            rows_, tfs = _merge(chunks)
+            keep = ~np.isin(rows_, gone)
+            if keep.all():
+                continue
+            if keep.any():
+                self.tf[tok] = [(rows_[keep], tfs[keep])]
+            else:
+                del self.tf[tok]
+
+    def term_freqs(self, token: str, rows: np.ndarray) -> np.ndarray:
+        """Term frequency of ``token`` in each of ``rows`` (sorted row ids holding it)."""
+        out = np.ones(len(rows), dtype=np.float64)
+        chunks = self.tf.get(token)
+        if chunks:
+            r, f = _merge(chunks)
+            pos = np.searchsorted(r, rows)
+            pos[pos >= len(r)] = 0
+            hit = r[pos] == rows
+            out[hit] = f[pos[hit]]
+        return out
+
+    def rebuild_stats(self, rowids: np.ndarray, values: pa.Array | pa.ChunkedArray) -> None:
+        """Recompute the BM25 statistics of the live rows (after ``restore``)."""
+        self.doclen = np.zeros(0, dtype=np.int32)
+        self.docs = self.total_len = 0
+        self.tf = {}
+        rowids = np.asarray(rowids, dtype=np.int64)
+        if len(rowids):
+            self._add_stats(rowids, grouped(rowids, values))
 
     def df(self, token: str) -> int:
         """Document frequency of one token (exact)."""
@@ -219,7 +331,9 @@ class InvertedIndex:
         return len(self.match(tokens))
 
     def nbytes(self) -> int:
-        return sum(len(b.serialize()) + 64 + len(t) for t, b in self.postings.items())
+        n = sum(len(b.serialize()) + 64 + len(t) for t, b in self.postings.items())
+        n += self.doclen.nbytes + sum(r.nbytes + f.nbytes for c in self.tf.values() for r, f in c)
+        return n
 
     # persistence: tokens in one list, bitmaps concatenated
     def state(self) -> tuple[list[str], bytes, list[int]]:

@@ -134,6 +134,8 @@ def load(cls: Any, directory: str) -> Any:
             j = json.load(f)
         with open(os.path.join(directory, f"inverted.{c}.bin"), "rb") as f:
             inv.restore(j["terms"], f.read(), j["sizes"])
+        # BM25 statistics are recomputed from the live rows' text (exact by construction)
+        inv.rebuild_stats(live_ids, table.column(c).take(pa.array(live_ids)))
     cpath = os.path.join(directory, "costs.json")
     if os.path.exists(cpath):
         from indexes.cost import CostModel

@@ -1,0 +1,260 @@
+"""Keyword relevance (BM25 over the inverted index) and hybrid ranking (RRF + recency).
+
+Every score is checked against an independent reference computed here with numpy from
+the live rows' text (Python's ``re`` tokenizer, ``collections.Counter`` term frequencies,
+the BM25 formula with k1 = 1.2, b = 0.75 written out again), after inserts, upserts
+(which change lengths and term frequencies) and deletes, and after save/load. Fusion is
+checked against RRF computed from the two arms' ranked lists.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dsl.ast import Binary, Column, Literal
+from indexes import Dataset, DatasetError, IndexSpec
+from indexes.ranking import Fusion, keyword_search, rank, rrf
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+DIM = 8
+VOCAB = ["fed", "rates", "oil", "chips", "bank", "earnings", "inflation", "jobs", "ai", "gold"]
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("cl", pa.int64()),
+        ("body", pa.string()),
+        ("emb", pa.list_(pa.float32(), DIM)),
+    ]
+)
+
+
+def docs(ids, seed: int, rng_len=(0, 12)) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    # Zipf-like word choice so frequent and rare terms, repeats within a document, and
+    # a few empty / null / non-ASCII documents
+    p = 1.0 / np.arange(1, len(VOCAB) + 1)
+    p /= p.sum()
+    bodies: list[str | None] = []
+    for i in ids:
+        n = int(rng.integers(*rng_len))
+        words = list(rng.choice(VOCAB, n, p=p))
+        if i % 17 == 0:
+            words.append("Zürich")
+        if i % 23 == 0:
+            bodies.append(None)
+            continue
+        bodies.append(" ".join(w.upper() if rng.random() < 0.2 else w for w in words) + ".")
+    x = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "ts": pa.array(
+                [T0 + dt.timedelta(hours=int(i)) for i in ids], pa.timestamp("us", tz="UTC")
+            ),
+            "cl": pa.array([int(i) % 5 for i in ids], pa.int64()),
+            "body": pa.array(bodies, pa.string()),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), DIM),
+        },
+        schema=SCHEMA,
+    )
+
+
+def make(background_fold: bool = False) -> Dataset:
+    return Dataset(
+        "r",
+        SCHEMA,
+        "id",
+        {
+            "emb": IndexSpec("hnsw", metric="l2", M=16, ef_construction=100, ef=64),
+            "ts": "btree",
+            "cl": "btree",
+            "body": "inverted",
+        },
+        background_fold=background_fold,
+    )
+
+
+def reference(ds: Dataset, query: str, where=None) -> dict[int, float]:
+    """BM25 of every live row for ``query``, from the text alone (numpy)."""
+    t = ds.to_table(["id", "cl", "body"]).to_pylist()
+    toks = [re.findall(r"\w+", (r["body"] or "").lower()) for r in t]
+    n = len(t)
+    lens = np.array([len(x) for x in toks], dtype=np.float64)
+    avgdl = lens.sum() / n
+    q = list(dict.fromkeys(re.findall(r"\w+", query.lower())))
+    tfs = [Counter(x) for x in toks]
+    score = np.zeros(n)
+    held = np.zeros(n, dtype=bool)
+    for term in q:
+        tf = np.array([c[term] for c in tfs], dtype=np.float64)
+        df = float((tf > 0).sum())
+        if not df:
+            continue
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        score += idf * tf * 2.2 / (tf + 1.2 * (1 - 0.75 + 0.75 * lens / avgdl))
+        held |= tf > 0
+    return {
+        r["id"]: float(s) for r, s, h in zip(t, score, held) if h and (where is None or where(r))
+    }
+
+
+def check_top(ds: Dataset, query: str, k: int = 10, where=None, pred=None, strategy=None):
+    ref = reference(ds, query, pred)
+    ids, scores, info = keyword_search(ds, "body", query, k, where, {}, strategy=strategy)
+    keys = ds._scalar_table().column("id").take(pa.array(ids)).to_pylist()
+    best = sorted(ref.items(), key=lambda kv: -kv[1])[:k]
+    assert len(keys) == len(best), info
+    for key, s in zip(keys, scores):
+        assert s == pytest.approx(ref[key], rel=1e-12, abs=1e-12)
+    # the same score multiset as the reference's top k (ties may order either way)
+    assert np.allclose(sorted(scores), sorted(s for _, s in best), rtol=1e-12)
+    assert list(scores) == sorted(scores, reverse=True)
+    return info
+
+
+QUERIES = ["fed rates", "gold", "oil OIL jobs ai", "zürich", "nothing here", "inflation bank chips"]
+
+
+def test_bm25_matches_reference_through_upserts_and_deletes(tmp_path) -> None:
+    ds = make()
+    ds.upsert(docs(np.arange(0, 600), 1))
+    ds.upsert(docs(np.arange(600, 1000), 2))
+    for q in QUERIES:
+        check_top(ds, q)
+    # upserts change lengths and term frequencies of existing rows; deletes remove rows
+    ds.upsert(docs(np.arange(300, 700), 3, rng_len=(5, 30)))
+    ds.delete(list(range(0, 1000, 7)))
+    ds.upsert(docs(np.arange(990, 1100), 4))
+    inv = ds.inverted["body"]
+    texts = ds.to_table(["body"]).column("body").to_pylist()
+    assert inv.docs == len(texts) == ds.count()
+    assert inv.total_len == sum(len(re.findall(r"\w+", (t or "").lower())) for t in texts)
+    for q in QUERIES:
+        check_top(ds, q, k=25)
+    # a delete of everything holding a term leaves no score for it
+    gone = [
+        r["id"]
+        for r in ds.to_table(["id", "body"]).to_pylist()
+        if "gold" in (r["body"] or "").lower()
+    ]
+    ds.delete(gone)
+    ids, _, _ = keyword_search(ds, "body", "gold", 5, None, {})
+    assert len(ids) == 0
+    check_top(ds, "fed gold")
+    # statistics survive save / load (recomputed from the rows, exactly)
+    ds.save(str(tmp_path / "r"))
+    back = Dataset.load(str(tmp_path / "r"))
+    assert back.inverted["body"].docs == inv.docs
+    assert back.inverted["body"].total_len == inv.total_len
+    for q in QUERIES:
+        check_top(back, q, k=25)
+    back.close()
+    ds.close()
+
+
+def test_bm25_with_filters_both_strategies() -> None:
+    ds = make()
+    ds.upsert(docs(np.arange(0, 2000), 5))
+    ds.delete(list(range(0, 2000, 11)))
+    cl2 = Binary("=", Column("cl"), Literal(2, "int"))
+    late = Binary(">", Column("ts"), Literal(T0 + dt.timedelta(hours=1500), "timestamp"))
+    residual = Binary("!=", Column("body"), Literal("fed.", "str"))
+    for where, pred in (
+        (cl2, lambda r: r["cl"] == 2),
+        (Binary("and", cl2, residual), lambda r: r["cl"] == 2 and r["body"] != "fed."),
+    ):
+        for strategy in (None, "prefilter", "postfilter"):
+            for q in ("fed", "rates oil", "gold jobs"):
+                info = check_top(ds, q, 10, where, pred, strategy)
+                assert info.chosen in ("prefilter", "postfilter")
+    ts = ds._scalar_table()
+    info = keyword_search(ds, "body", "fed", 10, late, {})[2]
+    assert "alternatives:" in str(info) and "chosen:" in str(info)
+    assert ts.num_rows
+
+
+def test_keyword_errors() -> None:
+    ds = make()
+    ds.upsert(docs(np.arange(0, 10), 1))
+    with pytest.raises(DatasetError, match=r"no inverted index.*declare indexes: \{cl: inverted\}"):
+        keyword_search(ds, "cl", "x", 5, None, {})
+    with pytest.raises(DatasetError, match="k must be positive"):
+        keyword_search(ds, "body", "x", 0, None, {})
+
+
+def test_rrf_matches_reference_and_recency() -> None:
+    ds = make()
+    ds.upsert(docs(np.arange(0, 1500), 7))
+    ds.flush()
+    q = np.random.default_rng(3).standard_normal(DIM).astype(np.float32)
+    where = Binary("!=", Column("cl"), Literal(3, "int"))
+    t, info = rank(
+        ds, vector=("emb", q, 30), text=("body", "fed oil", 20), where=where, columns=["id"]
+    )
+    # the two arms on their own
+    vt, _ = ds.search("emb", q, 30, where, columns=["id"])
+    kids, kscores, _ = keyword_search(ds, "body", "fed oil", 20, where, {})
+    kkeys = ds._scalar_table().column("id").take(pa.array(kids)).to_pylist()
+    vkeys = vt.column("id").to_pylist()
+    ref: dict[int, float] = {}
+    for lst in (vkeys, kkeys):
+        for r, key in enumerate(lst, start=1):
+            ref[key] = ref.get(key, 0.0) + 1 / (60 + r)
+    best = sorted(ref.items(), key=lambda kv: -kv[1])[:30]
+    got = dict(zip(t.column("id").to_pylist(), t.column("_score").to_pylist()))
+    assert len(got) == 30
+    for key, s in got.items():
+        assert s == pytest.approx(ref[key], rel=1e-12)
+    assert sorted(got.values(), reverse=True) == pytest.approx([s for _, s in best], rel=1e-12)
+    # _distance / _bm25 are the arms' values, null where an arm did not return the row
+    dist = dict(zip(vkeys, vt.column("_distance").to_pylist()))
+    bm = dict(zip(kkeys, kscores.tolist()))
+    for row in t.to_pylist():
+        assert row["_distance"] == (pytest.approx(dist[row["id"]]) if row["id"] in dist else None)
+        assert row["_bm25"] == (pytest.approx(bm[row["id"]]) if row["id"] in bm else None)
+    assert "RankFusion: rrf k=60" in str(info) and "VectorRetrieval" in str(info)
+    assert "KeywordRetrieval" in str(info)
+    # rrf_k and recency: score = rrf * 0.5 ** (age / half_life)
+    now = T0 + dt.timedelta(hours=2000)
+    f = Fusion(rrf_k=10, limit=15, recency="ts", half_life_s=86400.0 * 7)
+    t2, _ = rank(
+        ds,
+        vector=("emb", q, 30),
+        text=("body", "fed oil", 20),
+        fusion=f,
+        where=where,
+        columns=["id", "ts"],
+        params={"__now": now},
+    )
+    ref2 = {}
+    for lst in (vkeys, kkeys):
+        for r, key in enumerate(lst, start=1):
+            ref2[key] = ref2.get(key, 0.0) + 1 / (10 + r)
+    ts = dict(
+        zip(
+            ds.to_table(["id", "ts"]).column("id").to_pylist(),
+            ds.to_table(["ts"]).column("ts").to_pylist(),
+        )
+    )
+    for key in ref2:
+        ref2[key] *= 0.5 ** ((now - ts[key]).total_seconds() / (86400.0 * 7))
+    best2 = sorted(ref2.values(), reverse=True)[:15]
+    assert t2.num_rows == 15
+    assert t2.column("_score").to_pylist() == pytest.approx(best2, rel=1e-12)
+    for key, s in zip(t2.column("id").to_pylist(), t2.column("_score").to_pylist()):
+        assert s == pytest.approx(ref2[key], rel=1e-12)
+    ds.close()
+
+
+def test_rrf_function() -> None:
+    ids, s = rrf([np.array([5, 3, 9]), np.array([3, 7])], 60)
+    assert ids.tolist() == [3, 5, 7, 9]  # 3: 1/62 + 1/61; 5: 1/61; 7: 1/62; 9: 1/63
+    assert s[0] == pytest.approx(1 / 62 + 1 / 61)
