@@ -234,9 +234,16 @@ def load_lake(root: str, categories: pa.Table | None, policies: pa.Table | None)
 
 
 def load_for(
-    only: set[str], env: Mapping[str, str], data: Mapping[str, pa.Table], *, servers: bool
+    only: set[str],
+    env: Mapping[str, str],
+    data: Mapping[str, pa.Table],
+    *,
+    servers: bool,
+    news_topic: bool = True,
 ) -> dict[str, int]:
-    """Load what the chosen scenarios read, into the local stand-ins or the real servers."""
+    """Load what the chosen scenarios read, into the local stand-ins or the real servers.
+    ``news_topic``: create the news topic (empty without finance) for a fabric.yaml that
+    declares the news dataset (the seed's does; the examples' own ones only for finance)."""
     from examples.seed import load as L
 
     counts: dict[str, int] = {}
@@ -270,8 +277,9 @@ def load_for(
     # the news dataset of fabric.yaml ingests this topic whenever the fabric is open: without
     # finance it is created empty
     news = data["news"] if "finance" in only else data["news"].slice(0, 0)
-    L.produce(env["FABRIC_KAFKA_BOOTSTRAP"], env["FABRIC_NEWS_TOPIC"], news, "id")
-    if news.num_rows:
+    if news_topic:
+        L.produce(env["FABRIC_KAFKA_BOOTSTRAP"], env["FABRIC_NEWS_TOPIC"], news, "id")
+    if news_topic and news.num_rows:
         counts["news"] = news.num_rows
     return counts
 

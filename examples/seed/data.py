@@ -76,6 +76,7 @@ def generate(
     orders: int = 20_000,
     products: int = 500,
     news: int = 2_000,
+    policies: int = 3,
     now: dt.datetime | None = None,
 ) -> dict[str, pa.Table]:
     now = now or dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -161,7 +162,7 @@ def generate(
         }
     )
     # risk policies: weights over the agent's context [intent, risk, urgency]
-    policies = pa.table(
+    policies_tab = pa.table(
         {
             "policy": ["fraud_review", "escalate_to_human", "auto_approve_block"],
             "weights": vector_array(
@@ -171,6 +172,18 @@ def generate(
             "active": [True, True, True],
         }
     )
+    if policies > 3:  # more, from their own generator: the rows above stay the same
+        more = np.random.default_rng(seed + 1)
+        extra = policies - 3
+        policies_more = pa.table(
+            {
+                "policy": [f"policy_{i:04d}" for i in range(4, policies + 1)],
+                "weights": vector_array(more.uniform(-1, 1, (extra, 3)).astype(np.float32)),
+                "threshold": np.round(more.uniform(0, 1, extra), 2),
+                "active": more.random(extra) < 0.8,
+            }
+        )
+        policies_tab = pa.concat_tables([policies_tab, policies_more.cast(policies_tab.schema)])
     return {
         "location_stream": loc,
         "merchants": merch,
@@ -178,5 +191,5 @@ def generate(
         "orders": order_tab,
         "categories": cats,
         "news": news_tab,
-        "risk_policies": policies,
+        "risk_policies": policies_tab,
     }
