@@ -51,6 +51,13 @@ class Fabric:
         self.bindings = BindingFiles(self.compiler, config.binding_files, config.root)
         self._closed = False
         self.service: Any = None
+        #: fabric.tracing.Tracer (``tracing:`` of fabric.yaml; on by default), None when off
+        self.tracer: Any = None
+        if config.tracing.enabled:
+            from fabric.tracing import Tracer
+
+            self.tracer = Tracer(config.tracing)
+        self.catalog.tracer = self.tracer  # type: ignore[attr-defined]
         if not offline:
             self._start_datasets(ingest)
         if watch:
@@ -107,6 +114,8 @@ class Fabric:
         if self._closed:
             return
         self._closed = True
+        if self.tracer is not None:
+            self.tracer.close()
         self.bindings.stop()
         if self.service is not None:
             self.service.stop()
@@ -173,6 +182,7 @@ class Fabric:
         *,
         analyze: bool = False,
         optimized: bool = True,
+        session_id: str | None = None,
     ) -> str:
         """The plan as indented text; ``analyze=True`` runs it and shows actual rows and times."""
         compiled = self.binding(name)
@@ -180,20 +190,44 @@ class Fabric:
             params = compiled.bind(session)
             from fabric.execute import execute
 
-            result = execute(compiled.runnable, params, self.catalog, binding=name, analyze=True)
+            result = execute(
+                compiled.runnable,
+                params,
+                self.catalog,
+                binding=name,
+                analyze=True,
+                session_id=session_id,
+                version=compiled.content_hash,
+            )
             return result.explain or compiled.explain(optimized)
         if session is not None:
             compiled.bind(session)
         return compiled.explain(optimized)
 
     # ---- queries
-    def query(self, name: str, session: Mapping[str, Any] | None = None) -> Any:
-        """Run a binding with the agent's session values; returns a ``fabric.result.Result``."""
+    def query(
+        self,
+        name: str,
+        session: Mapping[str, Any] | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> Any:
+        """Run a binding with the agent's session values; returns a ``fabric.result.Result``.
+        ``session_id`` names the agent's session in the traces and timelines
+        (docs/tracing.md); without it, the one set by ``fabric.tracing.session(...)``."""
         compiled = self.binding(name)
         params = compiled.bind(session)
         from fabric.execute import execute
 
-        return execute(compiled.runnable, params, self.catalog, binding=name, analyze=False)
+        return execute(
+            compiled.runnable,
+            params,
+            self.catalog,
+            binding=name,
+            analyze=False,
+            session_id=session_id,
+            version=compiled.content_hash,
+        )
 
     def compile_text(
         self, text: str, session: Mapping[str, Any] | None = None, *, python: str | None = None
@@ -207,6 +241,7 @@ class Fabric:
         *,
         python: str | None = None,
         analyze: bool = False,
+        session_id: str | None = None,
     ) -> Any:
         """Run the compact text form of a binding, e.g.
         ``from mysql://shop/merchants as m where m.status = 'active' select m.name limit 5``.
@@ -216,7 +251,13 @@ class Fabric:
         from fabric.execute import execute
 
         return execute(
-            compiled.runnable, params, self.catalog, binding=compiled.name, analyze=analyze
+            compiled.runnable,
+            params,
+            self.catalog,
+            binding=compiled.name,
+            analyze=analyze,
+            session_id=session_id,
+            version=compiled.content_hash,
         )
 
     def explain_text(

@@ -41,6 +41,7 @@ from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.options import check_uri, duration_seconds
 from dsl.types import ValueType
 from dsl.yamlpos import YamlMap, YamlSeq, YamlText
+from fabric.tracing.config import TracingConfig
 
 TOP_KEYS = (
     "connections",
@@ -52,6 +53,7 @@ TOP_KEYS = (
     "server",
     "ingest",
     "agents",
+    "tracing",
 )
 DATASET_KEYS = (
     "from",
@@ -245,6 +247,8 @@ class FabricConfig:
     ingest: IngestConfig = IngestConfig()
     #: ``agents:`` (fabric.service.auth.AgentConfig by name): who may query over the wire
     agents: Mapping[str, Any] = field(default_factory=dict)
+    #: ``tracing:`` (docs/tracing.md): spans, the ring buffer, OTLP export, prices
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def binding_files(self) -> list[Path]:
         """Every binding file: directories (``*.yaml``/``*.yml`` recursively), globs and files,
@@ -377,10 +381,24 @@ def _load_text(
     from fabric.service.auth import parse_agents
 
     agents = section("agents", parse_agents, {})
+    from fabric.tracing.config import parse_tracing
+
+    tracing = section("tracing", parse_tracing, TracingConfig())
     if L.problems:
         raise DslError(L.problems)
     return FabricConfig(
-        path, root, conns, datasets, bindings, signals, crypto, sandbox, server, ingest, agents
+        path,
+        root,
+        conns,
+        datasets,
+        bindings,
+        signals,
+        crypto,
+        sandbox,
+        server,
+        ingest,
+        agents,
+        tracing=tracing,
     )
 
 

@@ -97,15 +97,21 @@ def execute(
     analyze: bool = False,
     now: dt.datetime | None = None,
     allow_partial: bool = False,
+    session_id: str | None = None,
+    version: str | None = None,
 ) -> Result:
     """Run ``plan`` with the session values ``params``; see the module docstring.
 
     ``allow_partial``: a failing source yields an empty table and ``Result.partial``
-    instead of an error (for bindings that accept partial answers)."""
+    instead of an error (for bindings that accept partial answers). ``session_id`` and
+    ``version`` (the binding's content hash) label the run's spans when the catalog has a
+    ``tracer`` (fabric.tracing); without one nothing is recorded."""
     pp = plan if isinstance(plan, PhysicalPlan) else physical(plan, catalog, binding)
-    return _Run(
-        pp, dict(params or {}), catalog, binding, analyze, now or utcnow(), allow_partial
-    ).run()
+    run = _Run(pp, dict(params or {}), catalog, binding, analyze, now or utcnow(), allow_partial)
+    tracer = getattr(catalog, "tracer", None)
+    if tracer is None:
+        return run.run()
+    return tracer.run(run, session_id, version)  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------- the shared scan pool
@@ -204,6 +210,7 @@ class _Run:
         self.futures: dict[str, cf.Future[pa.Table]] = {}
         self.done: dict[str, pa.Table] = {}  # units run inline on the caller's thread
         self.waited = 0.0
+        self.waits: dict[str, tuple[float, float]] = {}  # alias -> freshness wait (perf_counter)
         self._dep_wait: dict[str, float] = {}  # seconds a unit waited for dynamic-filter keys
         self.partial = False
         self._cancelled = False
@@ -396,12 +403,19 @@ class _Run:
         return table
 
     def _check_freshness(self, alias: str, leaf: Any, source: Any) -> None:
-        info, waited = _fresh.check(
-            self.catalog, source, leaf.uri, alias, leaf.freshness, self.binding
-        )
+        w0 = time.perf_counter()
+        try:
+            info, waited = _fresh.check(
+                self.catalog, source, leaf.uri, alias, leaf.freshness, self.binding
+            )
+        except QueryError:  # stale (fail), or still stale after waiting: the wait is kept
+            self.waits[alias] = (w0, time.perf_counter())
+            raise
         with self._lock:
             self.freshness[alias] = info
             self.waited += waited
+            if waited:
+                self.waits[alias] = (w0, time.perf_counter())
 
     def _fail(self, alias: str, uri: str, e: Exception) -> pa.Table:
         if self.allow_partial:
@@ -885,12 +899,14 @@ class _Run:
     # ------------------------------------------------------------ stats and explain
     def _record(self, node: Plan, rows: int, t0: float, engine: str = "arrow") -> None:
         header = self._header(node)
+        end = time.perf_counter()
         with self._lock:
             self.node_stats[id(node)] = {
                 "op": header,
                 "rows": rows,
-                "time_ms": (time.perf_counter() - t0) * 1000,
+                "time_ms": (end - t0) * 1000,
                 "engine": engine,
+                "end": end,  # for the spans' times (fabric.tracing)
             }
 
     def _header(self, node: Plan) -> str:

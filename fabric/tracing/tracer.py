@@ -1,0 +1,238 @@
+"""The tracer: one OpenTelemetry span per query and per plan operator, built off the
+query's thread from the figures the executor collects anyway.
+
+The query path pays for two clock reads and one queue put (``Tracer.run``); a daemon
+thread turns each finished run into spans (attributes computed there, never per row),
+hands them to the SDK's processors (the bounded ring buffer, always; OTLP/HTTP with a
+batch processor when ``otlp_endpoint`` is set) and adds the run's data cost to the
+``CostBook``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import hmac
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from functools import partial
+from typing import Any
+
+from fabric.tracing.config import TracingConfig
+from fabric.tracing.cost import CostBook, QueryCost, connection_of
+
+log = logging.getLogger("fabric.tracing")
+
+_SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "fabric_session_id", default=None
+)
+
+#: attribute names (one place: spans, timeline and tests read these)
+A_BINDING = "fabric.binding"
+A_VERSION = "fabric.binding.version"
+A_SESSION = "fabric.session.id"
+A_VALUE = "fabric.session.value."  # + name: the value, hashed / redacted / in clear
+
+
+@contextlib.contextmanager
+def session(session_id: str | None) -> Iterator[None]:
+    """Queries run inside ``with fabric.tracing.session("conv-42"):`` (on this thread, and
+    in tasks / ``asyncio.to_thread`` calls started inside it) carry that session id."""
+    token = _SESSION.set(session_id)
+    try:
+        yield
+    finally:
+        _SESSION.reset(token)
+
+
+def current_session() -> str | None:
+    return _SESSION.get()
+
+
+class Redactor:
+    """Session values as recorded: in clear for ``record:``, ``[redacted]`` for ``redact:``
+    (and every value when ``session_values: redact``), else a keyed hash (HMAC-SHA256 with a
+    key made at start, 16 hex digits): equal values match within one process, and a value
+    cannot be recovered by hashing guesses without the key."""
+
+    def __init__(self, config: TracingConfig, key: bytes | None = None):
+        self.record = frozenset(config.record)
+        self.redact = frozenset(config.redact)
+        self.mode = config.session_values
+        self._key = key if key is not None else os.urandom(32)
+
+    def value(self, name: str, v: Any) -> str:
+        if name in self.record:
+            return str(v)
+        if name in self.redact or self.mode == "redact":
+            return "[redacted]"
+        digest = hmac.new(self._key, repr(v).encode(), hashlib.sha256).hexdigest()[:16]
+        return f"hmac:{digest}"
+
+    def text(self, s: str, params: Mapping[str, Any]) -> str:
+        """``s`` (an error message) with every session value not recorded in clear replaced."""
+        for name, v in params.items():
+            if name in self.record or v is None or isinstance(v, bool):
+                continue
+            for form in {str(v), repr(v)}:
+                if len(form) >= 2 and form in s:
+                    s = s.replace(form, self.value(name, v))
+        return s
+
+
+class Tracer:
+    """Per fabric (``fab.tracer``, ``catalog.tracer``); ``None`` there when tracing is off."""
+
+    def __init__(self, config: TracingConfig | None = None, *, hash_key: bytes | None = None):
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        self.config = config or TracingConfig()
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": self.config.service_name})
+        )
+        from fabric.tracing.ring import RingBuffer
+
+        self.ring = RingBuffer(self.config.ring_spans)
+        self.provider.add_span_processor(self.ring)
+        self.exporter: Any = None
+        if self.config.otlp_endpoint:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            self.exporter = OTLPSpanExporter(
+                endpoint=self.config.otlp_endpoint, headers=dict(self.config.otlp_headers)
+            )
+            self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
+        self.otel = self.provider.get_tracer("fabric")
+        self.redactor = Redactor(self.config, hash_key)
+        self.costs = CostBook(self.config.prices, self.config.max_sessions)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+        self.errors = 0  # runs the worker could not turn into spans (logged)
+
+    # ---- the query path
+    def run(self, run: Any, session_id: str | None, version: str | None) -> Any:
+        """Run ``run`` (a ``fabric.execute._Run``) and queue what it did for the worker."""
+        sid = session_id if session_id is not None else _SESSION.get()
+        wall0, perf0 = time.time_ns(), time.perf_counter()
+        try:
+            res = run.run()
+        except BaseException as e:
+            self._put((run, None, e, sid, version, wall0, perf0, time.perf_counter()))
+            raise
+        self._put((run, res, None, sid, version, wall0, perf0, time.perf_counter()))
+        return res
+
+    def _put(self, item: Any) -> None:
+        if self._closed:
+            return
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._work, name="fabric-tracing", daemon=True
+                    )
+                    self._thread.start()
+        self._queue.put(item)
+
+    # ---- the worker
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                from fabric.tracing.spans import emit
+
+                emit(self, *item)
+            except Exception:
+                self.errors += 1
+                log.exception("fabric tracing: could not record a query's spans")
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every query finished so far is in the ring buffer (and handed to the
+        OTLP exporter, which is flushed too)."""
+        if self._thread is not None and self._thread.is_alive():
+            done = threading.Event()
+            self._queue.put(done)
+            if not done.wait(timeout):
+                return False
+        return bool(self.provider.force_flush(int(timeout * 1000)))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(5)
+        self.provider.shutdown()
+
+    # ---- reading
+    def spans(self) -> list[Any]:
+        """The finished spans in the ring buffer, oldest first."""
+        return self.ring.spans()
+
+    def timeline(self, session_id: str, *, may_see: Any = None) -> dict[str, Any]:
+        from fabric.tracing.timeline import timeline
+
+        self.flush()
+        return timeline(self, session_id, may_see=may_see)
+
+    def collector(self) -> Any:
+        """A Prometheus collector of the per-session data cost (``/metrics``)."""
+        from fabric.tracing.cost import CostCollector
+
+        return CostCollector(self.costs)
+
+
+# ---------------------------------------------------------------- plan text, once per plan
+
+_plan_texts: dict[int, tuple[weakref.ref[Any], str]] = {}
+
+
+def _forget_text(key: int, _ref: Any) -> None:
+    _plan_texts.pop(key, None)
+
+
+def plan_text(pp: Any) -> str:
+    """The physical plan's explain text, rendered once per plan object."""
+    hit = _plan_texts.get(id(pp))
+    if hit is not None and hit[0]() is pp:
+        return hit[1]
+    text = pp.explain()
+    key = id(pp)
+    try:
+        ref = weakref.ref(pp, partial(_forget_text, key))
+    except TypeError:
+        return text
+    _plan_texts[key] = (ref, text)
+    return text
+
+
+__all__ = [
+    "A_BINDING",
+    "A_SESSION",
+    "A_VALUE",
+    "A_VERSION",
+    "QueryCost",
+    "Redactor",
+    "Tracer",
+    "connection_of",
+    "current_session",
+    "plan_text",
+    "session",
+]
