@@ -40,8 +40,9 @@ page shorter than ``size`` ends ``page``/``offset`` paging. A pushed limit stops
 Requests go through the connection's token bucket (``rate_limit``) and are retried on
 429/502/503/504 and connection failures (``retries``, honouring ``Retry-After``); see
 ``connectors/ratelimit.py``. Header values (and ``auth``) are credentials: remembered by
-``connectors/credentials.py`` and masked in every error. ``watermark()`` is the newest
-``Last-Modified`` the API sent (or ``watermark:``, a body path holding a timestamp).
+``connectors/credentials.py`` and masked in every error. ``watermark()`` asks the API
+now (one request for a page of one row) and is the newest ``Last-Modified`` it sent (or
+``watermark:``, a body path holding a timestamp).
 """
 
 from __future__ import annotations
@@ -335,16 +336,18 @@ class RestSource(Source):
         return Statistics(row_count=self._total, exact=False)
 
     def watermark(self) -> Watermark | None:
-        if self._modified is None:
-            self._probe()
+        """The newest Last-Modified (or ``watermark:`` value) the API sent, asked now with
+        one small request (a page of one row), so a change is seen at once."""
+        self._probe(force=True)
         if self._modified is None:
             return None
-        return Watermark(event_time=self._modified)
+        return Watermark(event_time=self._modified, detail={"kind": "last modified"})
 
-    def _probe(self) -> None:
-        """One small request for the row count and Last-Modified (cached a few seconds)."""
+    def _probe(self, force: bool = False) -> None:
+        """One small request for the row count and Last-Modified (reused for a few seconds
+        by the planner's statistics)."""
         now = time.monotonic()
-        if self._probed_at is not None and now - self._probed_at < _PROBE_TTL:
+        if not force and self._probed_at is not None and now - self._probed_at < _PROBE_TTL:
             return
         query = dict(self.endpoint.params)
         pg = self.endpoint.paging

@@ -7,14 +7,22 @@ print them together.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from dsl import parser as P
-from dsl.errors import Diagnostic, DslError, Span
-from dsl.options import check_uri, make_freshness, make_limits, make_nearest
+from dsl.errors import Diagnostic, DslError, Span, did_you_mean
+from dsl.options import (
+    check_uri,
+    duration_seconds,
+    make_freshness,
+    make_limits,
+    make_nearest,
+)
 from dsl.spec import (
     BindingSpec,
+    CacheSpec,
     DeriveItem,
     JoinSpec,
     Name,
@@ -38,6 +46,7 @@ BINDING_KEYS = (
     "limit",
     "offset",
     "pushdown",
+    "cache",
 )
 #: a stage is a binding without session, pushdown, description or stages of its own
 STAGE_KEYS = ("sources", "select", "group_by", "having", "order_by", "limit", "offset")
@@ -165,6 +174,7 @@ def _binding(y: YamlText, doc: Any) -> BindingSpec:
     description = (
         collect(y.string, doc, "description", "description") if "description" in doc else None
     )
+    cache = collect(_cache, y, doc, session) if "cache" in doc else None
     if problems:
         raise DslError(problems)
     return BindingSpec(
@@ -173,6 +183,7 @@ def _binding(y: YamlText, doc: Any) -> BindingSpec:
         stages=stages,
         pushdown=pushdown,
         description=description,
+        cache=cache,
         file=y.file,
         span=y.node_span(doc),
         name_span=name.span,
@@ -450,3 +461,79 @@ def _pushdown(y: YamlText, doc: YamlMap) -> PushdownSpec:
         else ()
     )
     return PushdownSpec(code, limits, params, y.file, ln, col, span=y.key_span(m, "python"))
+
+
+CACHE_KEYS = ("by", "similarity", "ttl", "model", "dim", "max_entries")
+_CACHE_BY = re.compile(
+    r"^\s*\{\{\s*(?:(?P<embed>embed)\(\s*session\.(?P<t>\w+)\s*\)|session\.(?P<v>\w+))\s*\}\}\s*$"
+)
+
+
+def _cache(y: YamlText, doc: YamlMap, session: tuple[SessionParam, ...]) -> CacheSpec:
+    """``cache: {by: "{{session.q_vec}}" | "{{embed(session.q)}}", similarity, ttl, ...}``."""
+    m = y.mapping(doc, "cache", "cache")
+    y.check_keys(m, CACHE_KEYS, "cache", required=("by",))
+    by = y.string(m, "by", "cache by")
+    match = _CACHE_BY.match(by)
+    if match is None:
+        raise y.error(
+            f"cache by must be a session vector or an embedded session text, got {by!r}",
+            y.value_span(m, "by"),
+            'write by: "{{session.question_vec}}" or by: "{{embed(session.question)}}"',
+        )
+    embed = match["embed"] is not None
+    pname = match["t"] if embed else match["v"]
+    types = {p.name: p.type for p in session}
+    if pname not in types:
+        raise y.error(
+            f"cache by names session.{pname}, which the binding's session does not declare",
+            y.value_span(m, "by"),
+            did_you_mean(pname, types, "session values"),
+        )
+    t = types[pname]
+    if embed and t.kind != "str":
+        raise y.error(
+            f"cache by: embed() takes a str session value; session.{pname} is {t}",
+            y.value_span(m, "by"),
+            f'declare {pname}: str, or key the cache by a vector: by: "{{{{session.{pname}}}}}"',
+        )
+    if not embed and t.kind not in ("vector", "list"):
+        raise y.error(
+            f"cache by: session.{pname} is {t}, not a vector",
+            y.value_span(m, "by"),
+            f'declare {pname}: vector[N], or embed a text: by: "{{{{embed(session.{pname})}}}}"',
+        )
+    sim = m.get("similarity", 0.92)
+    if isinstance(sim, bool) or not isinstance(sim, int | float) or not 0 < sim <= 1:
+        raise y.error(
+            f"cache similarity must be a number in (0, 1], got {sim!r}",
+            y.value_span(m, "similarity"),
+            "cosine similarity of the session's vector to a cached one, e.g. 0.92",
+        )
+    ttl: list[tuple[str, float]] = []
+    if "ttl" in m:
+        tv = m["ttl"]
+        if isinstance(tv, YamlMap):
+            for k in tv:
+                ttl.append((str(k), duration_seconds(tv[k], y.value_span(tv, k), f"cache ttl {k}")))
+        else:
+            ttl.append(("default", duration_seconds(tv, y.value_span(m, "ttl"), "cache ttl")))
+    ints = {}
+    for key, default in (("dim", 256), ("max_entries", 1024)):
+        v = m.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise y.error(
+                f"cache {key} must be a positive integer, got {v!r}", y.value_span(m, key)
+            )
+        ints[key] = v
+    model = str(m.get("model", "hash"))
+    return CacheSpec(
+        pname,
+        embed,
+        model,
+        ints["dim"] if embed else (t.size or ints["dim"]),
+        float(sim),
+        tuple(ttl),
+        ints["max_entries"],
+        span=y.key_span(doc, "cache"),
+    )

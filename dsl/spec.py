@@ -117,6 +117,23 @@ class PushdownSpec:
 
 
 @dataclass(frozen=True)
+class CacheSpec:
+    """``cache: {by: "{{session.q_vec}}", similarity: 0.92, ttl: {kafka: 30s, mysql: 10m}}``:
+    a semantic cache of the binding's answers (``fabric/semantic_cache.py``). ``by`` names
+    the session value whose vector keys it (``embed`` set: a ``str`` value embedded with
+    ``model`` into ``dim`` values); ``ttl`` maps source kinds (and ``default``) to seconds."""
+
+    by: str
+    embed: bool = False
+    model: str = "hash"
+    dim: int = 256
+    similarity: float = 0.92
+    ttl: tuple[tuple[str, float], ...] = ()
+    max_entries: int = 1024
+    span: Span | None = _span()  # noqa: RUF009
+
+
+@dataclass(frozen=True)
 class BindingSpec:
     """A binding; also a stage inside one (``stages:``), which has no session, pushdown,
     description or stages of its own: it sees the binding's session and earlier stages."""
@@ -133,6 +150,7 @@ class BindingSpec:
     offset: int = 0
     pushdown: PushdownSpec | None = None
     description: str | None = None
+    cache: CacheSpec | None = None
     file: str = field(default="<text>", compare=False)
     span: Span | None = _span()  # noqa: RUF009
     name_span: Span | None = _span()  # noqa: RUF009

@@ -14,6 +14,7 @@ compilation and hot reload in ``fabric.compiler``, execution in ``fabric.execute
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ class Fabric:
         self.bindings = BindingFiles(self.compiler, config.binding_files, config.root)
         self._closed = False
         self.service: Any = None
+        self._caches: dict[tuple[str, str], Any] = {}  # (binding, content hash) -> cache
+        self._cache_lock = threading.Lock()
         #: fabric.tracing.Tracer (``tracing:`` of fabric.yaml; on by default), None when off
         self.tracer: Any = None
         if config.tracing.enabled:
@@ -219,15 +222,51 @@ class Fabric:
         params = compiled.bind(session)
         from fabric.execute import execute
 
-        return execute(
-            compiled.runnable,
-            params,
-            self.catalog,
-            binding=name,
-            analyze=False,
-            session_id=session_id,
-            version=compiled.content_hash,
-        )
+        def run() -> Any:
+            return execute(
+                compiled.runnable,
+                params,
+                self.catalog,
+                binding=name,
+                analyze=False,
+                session_id=session_id,
+                version=compiled.content_hash,
+            )
+
+        return self._cached(compiled, params, run)
+
+    # ---- the semantic cache (``cache:`` of a binding; fabric/semantic_cache.py)
+    def _cached(self, compiled: CompiledBinding, params: dict[str, Any], run: Any) -> Any:
+        """``run()``, or a valid cached answer to a similar question (``cache:``)."""
+        spec = compiled.spec.cache
+        if spec is None:
+            return run()
+        from fabric.semantic_cache import SemanticCache, run_cached, uris_of
+
+        key = (compiled.name, compiled.content_hash)
+        with self._cache_lock:
+            entry = self._caches.get(key)
+            if entry is None:
+                for old in [k for k in self._caches if k[0] == compiled.name]:
+                    del self._caches[old]  # the binding changed: its answers may too
+                cache = SemanticCache(compiled.name, spec)
+                entry = self._caches[key] = (cache, uris_of(compiled.plan))
+        cache, uris = entry
+        return run_cached(cache, params, self.catalog, uris, run)
+
+    def prewarm(self, name: str, sessions: Any) -> dict[str, Any]:
+        """Fill binding ``name``'s semantic cache from representative sessions (run each
+        once); returns the cache's counters."""
+        for s in sessions:
+            self.query(name, s)
+        return self.cache_metrics(name)
+
+    def cache_metrics(self, name: str) -> dict[str, Any]:
+        """Hits, misses by reason, invalidations, expirations, evictions and entries of
+        binding ``name``'s semantic cache (empty when it has none or never ran)."""
+        with self._cache_lock:
+            found = [c for (n, _), (c, _) in self._caches.items() if n == name]
+        return found[0].metrics() if found else {}
 
     def compile_text(
         self, text: str, session: Mapping[str, Any] | None = None, *, python: str | None = None

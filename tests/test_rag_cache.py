@@ -1,0 +1,281 @@
+"""The semantic cache of a binding (``cache:``, fabric/semantic_cache.py), issue 17.
+
+Paraphrase-like vectors (cosine 0.95) hit, unrelated ones (0.5) miss, a source update
+(a dataset upsert, an API whose Last-Modified advanced) invalidates, TTL expiry, other
+session values differing miss, LRU eviction, an untracked source without a TTL is never
+reused; and the binding errors of ``cache:`` are positioned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import fabric
+from dsl.errors import DslError
+from dsl.loader import load_text
+from tests.rest_api import ENDPOINT, running
+
+DIM = 8
+FABRIC = """\
+datasets:
+  news:
+    key: id
+    schema: {id: str, symbol: str, body: str, embedding: "vector[8]"}
+    indexes: {embedding: {kind: hnsw, metric: cosine}}
+bindings: [agents/]
+"""
+
+
+def binding(cache: str, name: str = "ask") -> str:
+    return f"""\
+binding: {name}
+session: {{q: "vector[8]", symbol: str}}
+sources:
+  n:
+    from: dataset://news
+    where: n.symbol = {{{{session.symbol}}}}
+    nearest: {{column: embedding, to: "{{{{session.q}}}}", k: 5}}
+select: [n.id]
+cache: {cache}
+"""
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+def at_cosine(q: np.ndarray, c: float, seed: int) -> np.ndarray:
+    """A unit vector with cosine ``c`` to unit ``q``."""
+    r = np.random.default_rng(seed).normal(size=q.shape)
+    u = unit(r - (r @ q) * q)
+    return unit(c * q + np.sqrt(1 - c * c) * u)
+
+
+def rows(n: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    vecs = [unit(rng.normal(size=DIM)).tolist() for _ in range(n)]
+    return pa.table(
+        {
+            "id": [f"n{i:03d}" for i in range(n)],
+            "symbol": ["ACME" if i % 2 else "INIT" for i in range(n)],
+            "body": [f"story {i}" for i in range(n)],
+            "embedding": pa.array(vecs, type=pa.list_(pa.float32(), DIM)),
+        }
+    )
+
+
+@pytest.fixture
+def fab(tmp_path: Path) -> Iterator[Any]:
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "fabric.yaml").write_text(FABRIC)
+    (tmp_path / "agents" / "ask.yaml").write_text(
+        binding('{by: "{{session.q}}", similarity: 0.92, ttl: {dataset: 1h}}')
+    )
+    (tmp_path / "agents" / "short.yaml").write_text(
+        binding('{by: "{{session.q}}", similarity: 0.92, ttl: {dataset: 300ms}}', "short")
+    )
+    (tmp_path / "agents" / "small.yaml").write_text(
+        binding('{by: "{{session.q}}", similarity: 0.92, max_entries: 2}', "small")
+    )
+    with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as f:
+        f.dataset("news").upsert(rows(200))
+        yield f
+
+
+Q = unit(np.random.default_rng(42).normal(size=DIM))
+
+
+def ask(fab: Any, q: np.ndarray, symbol: str = "ACME", name: str = "ask") -> Any:
+    return fab.query(name, {"q": q.tolist(), "symbol": symbol})
+
+
+def test_paraphrase_hits_and_unrelated_misses(fab: Any) -> None:
+    first = ask(fab, Q)
+    assert first.stats["cache"]["status"] == "miss" and first.stats["cache"]["stored"]
+    assert first.stats["sources"]["n"]["rows"] == 5
+    near = ask(fab, at_cosine(Q, 0.95, 1))
+    c = near.stats["cache"]
+    assert c["status"] == "hit" and abs(c["similarity"] - 0.95) < 1e-3, c
+    assert near.table.equals(first.table)
+    assert near.stats["sources"] == {}  # nothing was read
+    far = ask(fab, at_cosine(Q, 0.5, 2))
+    assert far.stats["cache"]["status"] == "miss"
+    assert far.stats["cache"]["reason"] == "no similar question"
+    assert far.stats["sources"]["n"]["rows"] == 5
+    m = fab.cache_metrics("ask")
+    assert m["hits"] == 1 and m["misses"] == 2 and m["entries"] == 2
+
+
+def test_other_session_values_differing_miss(fab: Any) -> None:
+    ask(fab, Q, "ACME")
+    other = ask(fab, Q, "INIT")
+    assert other.stats["cache"] == {
+        "status": "miss",
+        "reason": "other session values differ",
+        "stored": True,
+    }
+    assert set(other.table.column("id").to_pylist()).isdisjoint(
+        ask(fab, Q, "ACME").table.column("id").to_pylist()
+    )
+
+
+def test_a_source_update_invalidates(fab: Any) -> None:
+    before = ask(fab, Q)
+    # a story right at the question's vector arrives: the fresh answer must contain it
+    fab.dataset("news").upsert(
+        pa.table(
+            {
+                "id": ["fresh"],
+                "symbol": ["ACME"],
+                "body": ["breaking"],
+                "embedding": pa.array([Q.tolist()], type=pa.list_(pa.float32(), DIM)),
+            }
+        )
+    )
+    after = ask(fab, at_cosine(Q, 0.99, 3))
+    assert after.stats["cache"]["status"] == "miss"
+    assert after.stats["cache"]["reason"] == "source advanced: dataset://news"
+    assert "fresh" in after.table.column("id").to_pylist()
+    assert "fresh" not in before.table.column("id").to_pylist()
+    assert fab.cache_metrics("ask")["invalidations"] == 1
+
+
+def test_ttl_expiry(fab: Any) -> None:
+    ask(fab, Q, name="short")
+    assert ask(fab, Q, name="short").stats["cache"]["status"] == "hit"
+    time.sleep(0.4)
+    res = ask(fab, Q, name="short")
+    assert res.stats["cache"]["status"] == "miss"
+    assert res.stats["cache"]["reason"] == "expired (ttl 0.3 s for dataset)"
+
+
+def test_lru_eviction(fab: Any) -> None:
+    qs = [unit(np.random.default_rng(s).normal(size=DIM)) for s in (10, 11, 12)]
+    for q in qs:
+        ask(fab, q, name="small")
+    assert fab.cache_metrics("small")["evictions"] == 1
+    assert ask(fab, qs[2], name="small").stats["cache"]["status"] == "hit"
+    assert ask(fab, qs[0], name="small").stats["cache"]["status"] == "miss"  # evicted
+
+
+def test_embedded_question_text_keys_the_cache(tmp_path: Path) -> None:
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "fabric.yaml").write_text(FABRIC)
+    (tmp_path / "agents" / "t.yaml").write_text(
+        """\
+binding: t
+session: {question: str, symbol: str}
+sources:
+  n: {from: dataset://news, where: "n.symbol = {{session.symbol}}"}
+select: [n.id]
+order_by: [n.id]
+limit: 3
+cache: {by: "{{embed(session.question)}}", similarity: 0.97, ttl: 1h}
+"""
+    )
+    with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as fab:
+        fab.dataset("news").upsert(rows(20))
+        a = fab.query("t", {"question": "how did ACME open today?", "symbol": "ACME"})
+        b = fab.query("t", {"question": "how did ACME open today?", "symbol": "ACME"})
+        c = fab.query("t", {"question": "bond yields in Europe", "symbol": "ACME"})
+        assert a.stats["cache"]["status"] == "miss" and b.stats["cache"]["status"] == "hit"
+        assert b.stats["cache"]["similarity"] >= 0.9999
+        assert c.stats["cache"]["status"] == "miss"
+
+
+REST_FABRIC = """\
+connections:
+  crm:
+    kind: rest
+    base_url: "{url}"
+    endpoints:
+      merchants: {endpoint}
+    schemas:
+      merchants: {{id: int, name: str, status: str, rating: float, score: int, created_at: timestamp, city: str}}
+  mem: {{kind: memory, schemas: {{t: {{id: int}}}}}}
+bindings: [agents/]
+"""
+REST_BINDING = """\
+binding: r
+session: {{q: "vector[8]", city: str}}
+sources:
+  m: {{from: rest://crm/merchants, where: "m.city = {{{{session.city}}}}"}}
+select: [m.id]
+cache: {{by: "{{{{session.q}}}}", similarity: 0.9{ttl}}}
+"""
+
+
+@pytest.mark.parametrize("ttl", ["", ", ttl: {rest: 1h}"], ids=["no_ttl", "ttl"])
+def test_an_api_whose_last_modified_advanced_invalidates(tmp_path: Path, ttl: str) -> None:
+    import json
+
+    with running() as api:
+        (tmp_path / "agents").mkdir()
+        (tmp_path / "fabric.yaml").write_text(
+            REST_FABRIC.format(url=api.url, endpoint=json.dumps(ENDPOINT))
+        )
+        (tmp_path / "agents" / "r.yaml").write_text(REST_BINDING.format(ttl=ttl))
+        with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as fab:
+            s = {"q": Q.tolist(), "city": "Paris"}
+            assert fab.query("r", s).stats["cache"]["status"] == "miss"
+            n = len(api.requests("/v1/merchants"))
+            hit = fab.query("r", s)
+            # the API says (Last-Modified) it has not changed: no TTL is needed to reuse
+            assert hit.stats["cache"]["status"] == "hit", hit.stats["cache"]
+            assert len(api.requests("/v1/merchants")) - n <= 1  # the probe, no scan
+            api.touch()
+            api.modified += 2  # Last-Modified has one-second resolution
+            res = fab.query("r", s)
+            assert res.stats["cache"]["reason"] == "source advanced: rest://crm/merchants"
+            assert res.table.num_rows == 40
+
+
+def test_an_untracked_source_without_ttl_is_never_reused(tmp_path: Path) -> None:
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "fabric.yaml").write_text(
+        "connections:\n  mem: {kind: memory, schemas: {t: {id: int}}}\nbindings: [agents/]\n"
+    )
+    (tmp_path / "agents" / "m.yaml").write_text(
+        """\
+binding: m
+session: {q: "vector[8]"}
+sources:
+  t: {from: memory://mem/t}
+select: [t.id]
+cache: {by: "{{session.q}}"}
+"""
+    )
+    with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as fab:
+        fab.catalog.connection("mem").add("t", pa.table({"id": [1, 2]}))
+        fab.query("m", {"q": Q.tolist()})
+        res = fab.query("m", {"q": Q.tolist()})
+        assert res.stats["cache"]["status"] == "miss"
+        assert res.stats["cache"]["reason"] == "untracked source without ttl: memory://mem/t"
+
+
+@pytest.mark.parametrize(
+    ("cache", "expected"),
+    [
+        ('{by: "{{session.question}}"}', "cache by names session.question, which the binding's"),
+        ('{by: "{{session.symbol}}"}', "cache by: session.symbol is str, not a vector"),
+        ('{by: "{{embed(session.q)}}"}', "embed() takes a str session value; session.q is"),
+        ('{by: "session.q"}', "cache by must be a session vector or an embedded session text"),
+        ('{by: "{{session.q}}", similarity: 1.5}', "cache similarity must be a number in (0, 1]"),
+        ('{by: "{{session.q}}", ttl: {kafka: soon}}', "cache ttl kafka"),
+        ('{by: "{{session.q}}", simlarity: 0.9}', "did you mean 'similarity'?"),
+        ("{similarity: 0.9}", "cache needs 'by'"),
+    ],
+)
+def test_cache_errors_are_positioned(cache: str, expected: str) -> None:
+    text = binding(cache)
+    with pytest.raises(DslError) as ei:
+        load_text(text, "agents/ask.yaml")
+    msg = str(ei.value)
+    assert expected in msg and "agents/ask.yaml:9:" in msg, msg
