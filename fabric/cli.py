@@ -404,6 +404,60 @@ edit it or run `fabric init` again.
 """
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    """The session's queries in order, from a running ``fabric serve`` (its ring buffer)."""
+    import json
+    import os
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from fabric.tracing.timeline import render_text
+
+    url = args.url
+    if url is None:
+        host, port = "127.0.0.1", 8765
+        cfg = Path(args.config) if args.config else Path("fabric.yaml")
+        if cfg.exists():
+            from fabric.config import load_config
+
+            server = load_config(cfg).server
+            host, port = server.host, server.port
+        url = f"http://{host}:{port}"
+    token = args.token or os.environ.get("FABRIC_TOKEN")
+    if not token:
+        raise SystemExit("fabric timeline: give --token TOKEN or set FABRIC_TOKEN (an agent token)")
+    fmt = "html" if args.format == "html" else "json"
+    sid = urllib.parse.quote(args.session_id, safe="")
+    req = urllib.request.Request(
+        f"{url.rstrip('/')}/v1/sessions/{sid}/timeline?format={fmt}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+            body = r.read()
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode()[:500]
+        raise SystemExit(f"fabric timeline: {url} answered {e.code}: {detail}") from None
+    except OSError as e:
+        raise SystemExit(
+            f"fabric timeline: cannot reach {url} ({e}); start `fabric serve` or pass --url"
+        ) from None
+    if args.format == "text":
+        tl = json.loads(body)
+        if not tl["queries"]:
+            print(f"fabric timeline: no queries of session {args.session_id!r} are kept")
+            return 1
+        out = render_text(tl).encode() + b"\n"
+    else:
+        out = body
+    if args.output in (None, "-"):
+        sys.stdout.buffer.write(out)
+    else:
+        Path(args.output).write_bytes(out)
+    return 0
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     import datetime as dt
 
@@ -589,6 +643,16 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--config")
     q.add_argument("--catch-up", type=float, metavar="S", help=_CATCH_UP)
     q.set_defaults(fn=cmd_query)
+
+    t = _sub(sub, "timeline", "a session's queries in order, from a running fabric serve")
+    t.add_argument("session_id", help="the session id the agent passed (X-Fabric-Session)")
+    t.add_argument("--url", help="fabric serve's URL (default: server: of fabric.yaml)")
+    t.add_argument("--token", help="an agent token (default: $FABRIC_TOKEN)")
+    t.add_argument("--format", choices=("text", "json", "html"), default="text")
+    t.add_argument("--output", "-o", metavar="FILE", help="write to FILE (the html page)")
+    t.add_argument("--config")
+    t.add_argument("--timeout", type=float, default=10.0)
+    t.set_defaults(fn=cmd_timeline)
 
     i = _sub(sub, "init", "write a runnable scaffold: fabric.yaml, a binding, local data")
     i.add_argument("dir", help="the directory to write (created if missing)")

@@ -467,6 +467,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             qs = QueryService(fab)
             routes, collectors = service_http.routes(qs), [qs.metrics]
+            if fab.tracer is not None:  # GET /v1/sessions/{id}/timeline, per-session cost
+                from fabric.tracing import http as tracing_http
+
+                routes += tracing_http.routes(fab, qs)
+                collectors.append(fab.tracer.collector())
             try:
                 mcp_route, lifespan = service_mcp.mount(qs, host)
                 routes.append(mcp_route)
@@ -485,6 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             collectors=collectors,
             lifespan=lifespan,
         )
+        if fab is not None and fab.tracer is not None:
+            from fabric.tracing.http import SessionHeader
+
+            app.add_middleware(SessionHeader)  # X-Fabric-Session names a query's session
         port = args.port if args.port is not None else getattr(service.server_config, "port", 8765)
         srv = ServerThread(app, host, port, limits=_limits(service.server_config, args))
     except OSError as exc:
