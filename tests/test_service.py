@@ -67,6 +67,100 @@ def _fabric_yaml(work: Path, topic: str) -> Path:
     return path
 
 
+RELAY = """
+import socket, sys, threading
+target = (sys.argv[1], int(sys.argv[2]))
+listener = socket.create_server(("127.0.0.1", 0))
+sent = [0]
+lock = threading.Lock()
+def pipe(src, dst, count):
+    try:
+        while data := src.recv(65536):
+            if count:
+                with lock:
+                    sent[0] += len(data)
+            dst.sendall(data)
+    except OSError:
+        pass
+    for s in (src, dst):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+def accept():
+    while True:
+        client, _ = listener.accept()
+        server = socket.create_connection(target)
+        threading.Thread(target=pipe, args=(client, server, True), daemon=True).start()
+        threading.Thread(target=pipe, args=(server, client, False), daemon=True).start()
+threading.Thread(target=accept, daemon=True).start()
+print(listener.getsockname()[1], flush=True)
+for line in sys.stdin:  # each line asks how many bytes clients have sent to the server
+    with lock:
+        print(sent[0], flush=True)
+"""
+
+
+class Relay:
+    """A TCP relay (a subprocess) in front of a server, counting the bytes its clients send:
+    what reached the server itself, not what the fabric says it read."""
+
+    def __init__(self, host: str, port: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", RELAY, host, str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.port = int(self.proc.stdout.readline())  # type: ignore[union-attr]
+
+    def sent(self) -> int:
+        self.proc.stdin.write("?\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return int(self.proc.stdout.readline())  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def _sandbox_workers(pid: int) -> list[int]:
+    """The sandbox worker processes (``fabric/sandbox/boot.py``) under process ``pid``."""
+    from fabric.sandbox.pool import _BOOT
+
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            if _BOOT in (Path("/proc") / str(p) / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(p)
+        except OSError:
+            continue
+    return found
+
+
+def _sandbox_activity(pid: int) -> tuple[list[int], int]:
+    """The sandbox workers under ``pid`` and their context switches in total: an idle
+    worker blocks on its channel and does not switch, so a snippet sent to one shows."""
+    workers = sorted(_sandbox_workers(pid))
+    switches = 0
+    for w in workers:
+        for task in (Path("/proc") / str(w) / "task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches" in line:
+                    switches += int(line.split()[1])
+    return workers, switches
+
+
 class Served:
     """``fabric serve`` in a subprocess; its HTTP and Flight addresses from its stdout."""
 
@@ -158,7 +252,19 @@ def world(
     base = {**os.environ, **env}
     base.update(SVC_ALICE=TOKENS["alice"], SVC_BOB=TOKENS["bob"], SVC_FLOOD=TOKENS["flood"])
     server_env = {**base, "FABRIC_STATE_DIR": str(work / "srv"), "FABRIC_GROUP": f"{prefix}_srv"}
-    served = Served(config, server_env)
+    # the served fabric reaches MariaDB through a relay counting what it sends there
+    import sqlalchemy as sa
+
+    shop = sa.make_url(env["FABRIC_SHOP_URL"])
+    relay = Relay(shop.host or "127.0.0.1", shop.port or 3306)
+    server_env["FABRIC_SHOP_URL"] = shop.set(host="127.0.0.1", port=relay.port).render_as_string(
+        hide_password=False
+    )
+    try:
+        served = Served(config, server_env)
+    except BaseException:
+        relay.stop()
+        raise
     old = dict(os.environ)
     os.environ.update({**base, "FABRIC_STATE_DIR": str(work / "emb"), "FABRIC_GROUP": prefix})
     emb = fabric.open(config)
@@ -176,10 +282,12 @@ def world(
             "work": work,
             "config": config,
             "server_env": server_env,
+            "mysql_relay": relay,
         }
     finally:
         emb.close()
         served.stop()
+        relay.stop()
         os.environ.clear()
         os.environ.update(old)
         _cleanup(env)
@@ -325,8 +433,15 @@ def _source_rows(served: Served) -> dict[str, float]:
 
 
 def test_refused_requests_say_why_and_run_nothing(world) -> None:
-    served = world["served"]
+    """Nothing ran for a refused request, seen outside the server: no byte reached MariaDB
+    (a relay counts what the served fabric sends it) and no sandbox worker started or woke
+    up (their processes and context switches); the service's own counters agree."""
+    served, relay = world["served"], world["mysql_relay"]
+    alice = fabric.connect(served.grpc, token=TOKENS["alice"])
+    alice.query(*_sessions(world)[-1])  # market_open_news: its python pushdown warms the pool
     before = _source_rows(served)
+    sent, sandbox = relay.sent(), _sandbox_activity(served.proc.pid)
+    assert sandbox[0], "the served fabric's sandbox pool has workers (market_open_news ran)"
     # no token / an unknown token
     with pytest.raises(E.Unauthenticated, match="no token"):
         fabric.connect(served.grpc).query("top_category_last_week", {"user_id": 1})
@@ -358,9 +473,14 @@ def test_refused_requests_say_why_and_run_nothing(world) -> None:
     # a pinned session value cannot be overridden; left out, the pin is used
     with pytest.raises(E.Forbidden, match="'user_id' is pinned"):
         bob.query("nearby_offers", {"user_id": 3})
+    assert relay.sent() == sent  # no statement reached MariaDB
+    assert _sandbox_activity(served.proc.pid) == sandbox  # no snippet reached a sandbox
     assert _source_rows(served) == before  # none of the above read a source
     res = bob.query("nearby_offers")
     assert _rows(res.table) == _rows(world["emb"].query("nearby_offers", {"user_id": 7}).table)
+    assert relay.sent() > sent  # the relay sees a query that did run (merchants)
+    alice.query_text("from mysql://shop/orders as o select o.id limit 1", python=snippet)
+    assert _sandbox_activity(served.proc.pid)[1] > sandbox[1]  # ... and a snippet that did run
     text = served.metrics()
     assert 'fabric_query_errors_total{agent="bob",kind="forbidden"}' in text
     assert 'fabric_query_errors_total{agent="-",kind="unauthenticated"}' in text
