@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from connectors.base import (
+    Capability,
     ColumnStats,
     Connection,
     Pushdown,
@@ -30,7 +31,7 @@ from indexes.retrieval import RetrievalExplain
 
 
 class DatasetSource(Source):
-    capabilities = frozenset({"projection", "limit"})
+    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT, Capability.IN_PROCESS})
 
     def __init__(self, uri: str, dataset: Dataset):
         super().__init__(uri)
@@ -76,6 +77,31 @@ class DatasetSource(Source):
         where = and_all(list(filters))
         return self.dataset.search(
             column, query, k, where, params or {}, columns=columns, strategy=strategy, guards=guards
+        )
+
+    def rank(
+        self,
+        *,
+        vector: tuple[str, Any, int] | None = None,
+        text: tuple[str, str, int] | None = None,
+        fusion: tuple[int, int | None, str | None, float | None] | None = None,
+        filters: Sequence[Expr] = (),
+        params: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> tuple[pa.Table, Any]:
+        """Ranked retrieval (indexes.ranking.rank): BM25 over ``text = (column, query,
+        k)``, the vector arm ``(column, query, k)``, fused by ``fusion = (rrf_k, k,
+        recency column, half-life seconds)``; adds ``_distance`` / ``_bm25`` / ``_score``."""
+        from indexes.ranking import Fusion, rank
+
+        return rank(
+            self.dataset,
+            vector=vector,
+            text=text,
+            fusion=Fusion(*fusion) if fusion is not None else None,
+            where=and_all(list(filters)),
+            params=params or {},
+            columns=columns,
         )
 
 

@@ -14,11 +14,14 @@ from typing import Any
 from dsl import parser as P
 from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.options import (
+    RANK_KEYS,
     check_uri,
     duration_seconds,
     make_freshness,
     make_limits,
     make_nearest,
+    make_rank,
+    make_search,
 )
 from dsl.spec import (
     BindingSpec,
@@ -50,9 +53,20 @@ BINDING_KEYS = (
 )
 #: a stage is a binding without session, pushdown, description or stages of its own
 STAGE_KEYS = ("sources", "select", "group_by", "having", "order_by", "limit", "offset")
-SOURCE_KEYS = ("from", "where", "join", "latest_by", "freshness", "derive", "nearest")
+SOURCE_KEYS = (
+    "from",
+    "where",
+    "join",
+    "latest_by",
+    "freshness",
+    "derive",
+    "nearest",
+    "search",
+    "rank",
+)
 JOIN_KEYS = ("on", "how")
 NEAREST_KEYS = ("column", "to", "k", "metric")
+SEARCH_KEYS = ("column", "query", "k")
 FRESHNESS_KEYS = ("max_lag", "max_lag_messages", "on_stale", "wait_timeout")
 PUSHDOWN_KEYS = ("python", "limits", "params")
 
@@ -389,6 +403,22 @@ def _source_body(
             y.value_span(nm, "metric") if "metric" in nm else None,
             y.key_span(m, "nearest"),
         )
+    search = None
+    if "search" in m:
+        sm = y.mapping(m, "search", "search")
+        y.check_keys(sm, SEARCH_KEYS, "search", required=("column", "query", "k"))
+        search = make_search(
+            _name(y, sm, "column", "search column"),
+            _expr(y, sm, "query", "search query"),
+            sm["k"],
+            y.value_span(sm, "k"),
+            y.key_span(m, "search"),
+        )
+    rank = None
+    if "rank" in m:
+        rm = y.mapping(m, "rank", "rank")
+        y.check_keys(rm, RANK_KEYS, "rank")
+        rank = make_rank([(str(k), rm[k], y.value_span(rm, k)) for k in rm], y.key_span(m, "rank"))
     return SourceSpec(
         alias,
         uri.strip(),
@@ -399,6 +429,8 @@ def _source_body(
         freshness,
         derive,
         nearest,
+        search,
+        rank,
         span=y.key_span(parent, key),
     )
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from dsl.ast import Expr
 from dsl.errors import DslError, Span, did_you_mean
-from dsl.spec import FreshnessSpec, Name, NearestSpec, SandboxLimits
+from dsl.spec import FreshnessSpec, Name, NearestSpec, RankSpec, SandboxLimits, SearchSpec
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
 _MESSAGES = re.compile(r"^\s*(\d[\d_,]*)\s*(?:messages|msgs)\s*$")
@@ -118,6 +118,44 @@ def make_nearest(
             f"unknown metric {metric!r}", metric_span, did_you_mean(str(metric), METRICS, "metrics")
         )
     return NearestSpec(column, to, k, metric, span=span)
+
+
+def make_search(
+    column: Name, query: Expr, k: Any, k_span: Span | None, span: Span | None
+) -> SearchSpec:
+    return SearchSpec(column, query, _int(k, k_span, "search k", 1), span=span)
+
+
+RANK_KEYS = ("k", "rrf_k", "recency", "half_life")
+
+
+def make_rank(items: Sequence[Option], span: Span | None) -> RankSpec:
+    """``rank: {k, rrf_k, recency, half_life}`` (all optional; recency and half_life
+    together). ``k``: rows kept after fusion (default: the larger arm's k)."""
+    opts = _check_keys(items, RANK_KEYS, "rank")
+    kw: dict[str, Any] = {}
+    if "rrf_k" in opts:
+        kw["rrf_k"] = _int(*opts["rrf_k"], "rank rrf_k", 0)
+    if "k" in opts:
+        kw["k"] = _int(*opts["k"], "rank k", 1)
+    if "recency" in opts:
+        v, s = opts["recency"]
+        if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v.strip()):
+            raise DslError.at(f"rank recency must be a timestamp column name, got {v!r}", s)
+        kw["recency"] = Name(v.strip(), s)
+    if "half_life" in opts:
+        v, s = opts["half_life"]
+        kw["half_life_seconds"] = duration_seconds(v, s, "rank half_life")
+        if kw["half_life_seconds"] <= 0:
+            raise DslError.at("rank half_life must be positive", s)
+    if ("recency" in kw) != ("half_life_seconds" in kw):
+        given, missing = ("recency", "half_life") if "recency" in kw else ("half_life", "recency")
+        raise DslError.at(
+            f"rank {given} needs {missing}",
+            opts[given if given == "recency" else "half_life"][1] or span,
+            "write both, e.g. rank: {recency: published_at, half_life: 7d}",
+        )
+    return RankSpec(**kw, span=span)
 
 
 def make_limits(items: Sequence[Option]) -> SandboxLimits:

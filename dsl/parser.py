@@ -30,7 +30,15 @@ from lark.exceptions import (
 
 from dsl import ast as A
 from dsl.errors import Diagnostic, DslError, Span
-from dsl.options import check_uri, default_alias, make_freshness, make_limits, make_nearest
+from dsl.options import (
+    check_uri,
+    default_alias,
+    make_freshness,
+    make_limits,
+    make_nearest,
+    make_rank,
+    make_search,
+)
 from dsl.spec import (
     BindingSpec,
     DeriveItem,
@@ -482,6 +490,13 @@ class _ToAst(Transformer):
                 else str(v)
             )
         return (key.value, val, span)
+
+    def search_opt(self, meta, c):
+        k_tok = c[5]
+        return ("search", make_search(c[1], c[3], int(k_tok), _tsp(k_tok), _sp(meta)))
+
+    def rank_opt(self, meta, c):
+        return ("rank", make_rank(c[1:], _sp(meta)))
 
     def freshness_opt(self, meta, c):
         return ("freshness", make_freshness(c[1:], _sp(meta)))

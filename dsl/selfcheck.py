@@ -25,6 +25,8 @@ def _exprs(spec: BindingSpec) -> Iterator[A.Expr]:
             yield d.expr
         if s.nearest is not None:
             yield s.nearest.to
+        if s.search is not None:
+            yield s.search.query
     for item in spec.select:
         yield item.expr
     yield from spec.group_by

@@ -60,6 +60,30 @@ class NearestSpec:
 
 
 @dataclass(frozen=True)
+class SearchSpec:
+    """``search: {column: body, query: "{{session.q}}", k: 20}``: the k rows with the
+    highest BM25 relevance of an inverted-indexed text column to the query text."""
+
+    column: Name
+    query: Expr
+    k: int
+    span: Span | None = _span()  # noqa: RUF009
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """``rank: {k: 10, rrf_k: 60, recency: published_at, half_life: 7d}``: reciprocal-rank
+    fusion of the source's ``nearest`` and ``search`` arms (``k`` rows kept, default the
+    larger arm's k), optionally decayed by age."""
+
+    k: int | None = None
+    rrf_k: int = 60
+    recency: Name | None = None
+    half_life_seconds: float | None = None
+    span: Span | None = _span()  # noqa: RUF009
+
+
+@dataclass(frozen=True)
 class JoinSpec:
     on: Expr
     how: str = "inner"
@@ -83,6 +107,8 @@ class SourceSpec:
     freshness: FreshnessSpec | None = None
     derive: tuple[DeriveItem, ...] = ()
     nearest: NearestSpec | None = None
+    search: SearchSpec | None = None
+    rank: RankSpec | None = None
     span: Span | None = _span()  # noqa: RUF009
 
 

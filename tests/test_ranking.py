@@ -258,3 +258,128 @@ def test_rrf_function() -> None:
     ids, s = rrf([np.array([5, 3, 9]), np.array([3, 7])], 60)
     assert ids.tolist() == [3, 5, 7, 9]  # 3: 1/62 + 1/61; 5: 1/61; 7: 1/62; 9: 1/63
     assert s[0] == pytest.approx(1 / 62 + 1 / 61)
+
+
+# ---------------------------------------------------------------- through bindings
+
+
+def _fab(tmp_path, ds: Dataset, text: str):
+    import fabric
+    from connectors.dataset import DatasetSource
+
+    (tmp_path / "b.yaml").write_text(text)
+    return fabric.open(
+        {"bindings": [str(tmp_path)]},
+        ingest=False,
+        watch=False,
+        dataset_sources={"r": DatasetSource("dataset://r", ds)},
+    )
+
+
+KEYWORD_BINDING = """\
+binding: kw
+session: {q: str, c: int}
+sources:
+  d:
+    from: dataset://r
+    search: {column: body, query: "{{session.q}}", k: 8}
+    where: cl != {{session.c}}
+select: [d.id, d._score, d._bm25]
+order_by: d._score desc
+"""
+
+
+def test_search_binding_returns_the_bm25_top_k(tmp_path) -> None:
+    ds = make()
+    ds.upsert(docs(np.arange(0, 800), 11))
+    ds.upsert(docs(np.arange(400, 500), 12))  # upserted rows change the statistics
+    ds.delete(list(range(0, 800, 9)))
+    with _fab(tmp_path, ds, KEYWORD_BINDING) as fab:
+        # a quote, a comment and SQL in the text stay a bound value: only its words count
+        for q in ("fed rates", "gold' or 1=1 --", "OIL"):
+            res = fab.query("kw", session={"q": q, "c": 1})
+            ref = reference(ds, q, lambda r: r["cl"] != 1)
+            best = sorted(ref.values(), reverse=True)[:8]
+            got = res.table.to_pylist()
+            assert [r["_score"] for r in got] == pytest.approx(best, rel=1e-12)
+            for r in got:
+                assert r["_score"] == pytest.approx(ref[r["id"]], rel=1e-12)
+                assert r["_bm25"] == r["_score"]
+            assert res.stats["sources"]["d"]["strategy"].startswith("keyword ")
+        plan = fab.explain("kw", session={"q": "fed", "c": 1})
+        assert "search(body, {{session.q}}) k=8" in plan
+        text = fab.explain("kw", session={"q": "fed", "c": 1}, analyze=True)
+        assert "KeywordRetrieval: bm25(body, 'fed') k=8" in text and "chosen: " in text
+        # the text form gives the same rows
+        t = fab.query_text(
+            "from dataset://r as d search body query {{session.q}} k 8 where cl != 1 "
+            "select d.id, d._score order by d._score desc",
+            session={"q": "fed rates"},
+        )
+        ref = reference(ds, "fed rates", lambda r: r["cl"] != 1)
+        assert t.table.column("_score").to_pylist() == pytest.approx(
+            sorted(ref.values(), reverse=True)[:8], rel=1e-12
+        )
+    ds.close()
+
+
+HYBRID_BINDING = """\
+binding: hy
+session: {q: str, v: "vector[8]"}
+sources:
+  d:
+    from: dataset://r
+    nearest: {column: emb, to: "{{session.v}}", k: 20}
+    search: {column: body, query: "{{session.q}}", k: 20}
+    rank: {k: 12, rrf_k: 30, recency: ts, half_life: 3d}
+    where: cl in (0, 1, 2)
+select: [d.id, d.ts, d._score, d._distance, d._bm25]
+order_by: d._score desc
+"""
+
+
+def test_hybrid_binding_fuses_both_arms(tmp_path) -> None:
+    ds = make()
+    ds.upsert(docs(np.arange(0, 1200), 13))
+    ds.flush()
+    v = np.random.default_rng(8).standard_normal(DIM).astype(np.float32)
+    where = Binary(
+        "or",
+        Binary(
+            "or",
+            Binary("=", Column("cl"), Literal(0, "int")),
+            Binary("=", Column("cl"), Literal(1, "int")),
+        ),
+        Binary("=", Column("cl"), Literal(2, "int")),
+    )
+    with _fab(tmp_path, ds, HYBRID_BINDING) as fab:
+        res = fab.query("hy", session={"q": "fed oil gold", "v": v})
+        vt, _ = ds.search("emb", v, 20, where, columns=["id", "ts"])
+        kids, _, _ = keyword_search(ds, "body", "fed oil gold", 20, where, {})
+        kkeys = ds._scalar_table().column("id").take(pa.array(kids)).to_pylist()
+        ts = dict(
+            zip(
+                ds.to_table(["id"]).column("id").to_pylist(),
+                ds.to_table(["ts"]).column("ts").to_pylist(),
+            )
+        )
+        ref: dict[int, float] = {}
+        for lst in (vt.column("id").to_pylist(), kkeys):
+            for r, key in enumerate(lst, start=1):
+                ref[key] = ref.get(key, 0.0) + 1 / (30 + r)
+        got = res.table.to_pylist()
+        assert len(got) == 12
+        # now() of the query lies between these two: the decay of a 3-day half-life moves
+        # by < 1e-9 relative in the few ms between them
+        for r in got:
+            age = (dt.datetime.now(dt.UTC) - ts[r["id"]]).total_seconds()
+            assert r["_score"] == pytest.approx(ref[r["id"]] * 0.5 ** (age / 259200), rel=1e-6)
+        assert [r["_score"] for r in got] == sorted((r["_score"] for r in got), reverse=True)
+        text = fab.explain("hy", session={"q": "fed oil gold", "v": v}, analyze=True)
+        assert "Ranking d:" in text and "RankFusion: rrf k=30 limit=12, recency ts" in text
+        assert "VectorRetrieval: nearest(emb) k=20" in text and "KeywordRetrieval" in text
+        assert text.count("chosen: ") >= 2  # one per arm
+        entry = res.stats["sources"]["d"]
+        assert entry["strategy"].startswith("vector ") and "+ keyword " in entry["strategy"]
+        assert entry["strategy"].endswith("-> rrf")
+    ds.close()

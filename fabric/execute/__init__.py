@@ -487,8 +487,15 @@ class _Run:
             timeout=self.timeout,
         )
         t0 = time.perf_counter()
+        ray_info = None
         try:
-            batches = list(source.scan(request))
+            # executor: ray reads coarse scans as Ray tasks (fabric.ray.scan); None: here
+            hook = getattr(self.catalog, "executor", None)
+            remote = hook.scan(source, request, scan) if hook is not None else None
+            if remote is None:
+                batches = list(source.scan(request))
+            else:
+                batches, ray_info = remote
         except Exception as e:  # SourceError, or a driver error the connector did not wrap
             raise _SourceFailed(e) from e
         ms = (time.perf_counter() - t0) * 1000
@@ -509,6 +516,9 @@ class _Run:
             table = table.select(list(scan.projection))
         table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
         self._source_stats(alias, scan, rows, nbytes, len(batches), ms, dyn_stats)
+        if ray_info is not None:
+            with self._lock:
+                self.sources[alias]["ray"] = ray_info
         if request.metrics:  # what the scan cost at the source (REST: requests, retries, waits)
             with self._lock:
                 self.sources[alias]["source"] = dict(request.metrics)
@@ -553,19 +563,23 @@ class _Run:
                 uri=vs.uri,
                 hint="declare the source under datasets: with a vector index",
             )
-        value = self._constant(vs.query)
-        query = np.asarray(value, dtype=np.float32)
         t0 = time.perf_counter()
         try:
-            table, info = search(
-                column=vs.column,
-                query=query,
-                k=vs.k,
-                filters=self.units[alias].filters,
-                params={**self.params, NOW_PARAM: self.now},
-                columns=vs.projection,
-                analyze=self.analyze,
-            )
+            if vs.text is not None or vs.fusion is not None:  # search: / rank:
+                table, info = self._ranked(alias, vs, source)
+            else:
+                assert vs.query is not None and vs.column is not None
+                table, info = search(
+                    column=vs.column,
+                    query=np.asarray(self._constant(vs.query), dtype=np.float32),
+                    k=vs.k,
+                    filters=self.units[alias].filters,
+                    params={**self.params, NOW_PARAM: self.now},
+                    columns=vs.projection,
+                    analyze=self.analyze,
+                )
+        except QueryError:
+            raise
         except Exception as e:
             raise _SourceFailed(e) from e
         ms = (time.perf_counter() - t0) * 1000
@@ -590,6 +604,34 @@ class _Run:
             self.infos[alias] = info
             self.sources[alias] = entry
         return table
+
+    def _ranked(self, alias: str, vs: VectorSearch, source: Any) -> tuple[pa.Table, Any]:
+        """BM25 keyword arm and/or RRF fusion (indexes.ranking), through the source's
+        ``rank()``; the query text and vector are bound session values."""
+        rank = getattr(source, "rank", None)
+        if not callable(rank):
+            raise QueryError(
+                self.binding,
+                "search: / rank: need an indexed dataset source with rank()",
+                alias=alias,
+                uri=vs.uri,
+                hint="declare the source under datasets: with an inverted index",
+            )
+        vector = text = None
+        if vs.column is not None and vs.query is not None:
+            q = np.asarray(self._constant(vs.query), dtype=np.float32)
+            vector = (vs.column, q, vs.k)
+        if vs.text is not None:
+            text = (vs.text.column, self._constant(vs.text.query), vs.text.k)
+        f = vs.fusion
+        return rank(
+            vector=vector,
+            text=text,
+            fusion=None if f is None else (f.rrf_k, f.k, f.recency, f.half_life_seconds),
+            filters=self.units[alias].filters,
+            params={**self.params, NOW_PARAM: self.now},
+            columns=vs.projection,
+        )
 
     def _constant(self, e: Expr) -> Any:
         if isinstance(e, Param) and e.name not in self.params:
@@ -965,7 +1007,8 @@ class _Run:
         for q in self.queries:
             lines.append(f"DuckDB: {q}")
         for alias, info in self.infos.items():
-            lines.append(f"VectorSearch {alias}:")
+            kind = "Ranking" if type(info).__name__ == "RankExplain" else "VectorSearch"
+            lines.append(f"{kind} {alias}:")
             lines.extend("  " + ln for ln in str(info).splitlines())
         if self.freshness:
             lines.append("Freshness:")

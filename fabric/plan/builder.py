@@ -47,6 +47,11 @@ from fabric.plan.types import (
 # the column a source with ``nearest:`` adds: the index's distance of each row to the query
 # (float32; smaller is nearer), the VectorSearch node's ``distance_column``
 DISTANCE = "_distance"
+# the columns a ranked source adds (search: / rank:, docs/indexes.md "Ranking"): the
+# keyword arm's BM25 relevance, and the ranking score (fused, or BM25 without rank:)
+BM25 = "_bm25"
+SCORE = "_score"
+RANKED = (DISTANCE, BM25, SCORE)
 
 
 def build(spec: BindingSpec, catalog: Any) -> N.Plan:
@@ -397,6 +402,13 @@ class _Builder:
     def _hint(self, alias: str, name: str) -> str:
         if name == DISTANCE:
             return f"_distance exists only on a source with nearest:; add nearest: to '{alias}'"
+        if name == BM25:
+            return f"_bm25 exists only on a source with search:; add search: to '{alias}'"
+        if name == SCORE:
+            return (
+                f"_score exists only on a source with search: or rank:; add search: "
+                f"{{column, query, k}} to '{alias}'"
+            )
         return did_you_mean(name, self.cols[alias], "columns")
 
     def _in_source(self, c: A.Column, alias: str, name: str) -> A.Column:
@@ -484,6 +496,10 @@ class _Builder:
                 self.cols[s.alias.value] = _columns(view.schema, self.nested, s.alias.value)
                 if s.nearest is not None:  # the search's distance to the query, per row
                     self.cols[s.alias.value][DISTANCE] = pa.float32()
+                if s.search is not None:  # BM25 relevance to the query text, per row
+                    self.cols[s.alias.value][BM25] = pa.float64()
+                if s.search is not None or s.rank is not None:
+                    self.cols[s.alias.value][SCORE] = pa.float64()
         self.fail_if_problems()
 
         plan: N.Plan | None = None
@@ -538,8 +554,9 @@ class _Builder:
     def source_plan(self, s: SourceSpec) -> tuple[N.Plan, list[tuple[A.Expr, set[str]]]]:
         alias = s.alias.value
         view = self.views[alias]
-        # _distance exists only after the search: a where on it is applied above it
-        base_cols = set(self.cols[alias]) - {DISTANCE}
+        # _distance / _bm25 / _score exist only after the search: a where on them is
+        # applied above it
+        base_cols = set(self.cols[alias]) - set(RANKED)
         fresh = None
         if s.freshness is not None:
             f = s.freshness
@@ -593,7 +610,7 @@ class _Builder:
                         n.span,
                         did_you_mean(n.value, base_cols, "columns"),
                     )
-        if s.nearest is not None:
+        if s.nearest is not None or s.search is not None or s.rank is not None:
             leaf: N.Plan = self.vector_search(s, view, local, fresh)
         elif isinstance(view, _StageView):
             if fresh is not None:
@@ -641,8 +658,9 @@ class _Builder:
     def vector_search(
         self, s: SourceSpec, view: Any, local: list[A.Expr], fresh: N.Freshness | None
     ) -> N.Plan:
+        if s.nearest is None:
+            return self.ranked(s, view, local, fresh, None)
         nr = s.nearest
-        assert nr is not None
         alias = s.alias.value
         if not view.is_dataset:
             raise DslError.at(
@@ -720,9 +738,133 @@ class _Builder:
                 f"metric: {nr.metric}",
             )
         filters = tuple(A.unqualify(e) for e in local)
-        return N.VectorSearch(
+        vs = N.VectorSearch(
             alias, view.uri, schema, col, nr.to, nr.k, filters, metric=metric, freshness=fresh
         )
+        if s.search is not None or s.rank is not None:
+            return self.ranked(s, view, local, fresh, vs)
+        return vs
+
+    def ranked(
+        self,
+        s: SourceSpec,
+        view: Any,
+        local: list[A.Expr],
+        fresh: N.Freshness | None,
+        vs: N.VectorSearch | None,
+    ) -> N.VectorSearch:
+        """A source with ``search:`` (BM25 over an inverted index) and/or ``rank:`` (RRF
+        of its arms, optional recency decay): the VectorSearch ``vs`` of its ``nearest:``
+        (if any) with the keyword arm and the fusion added."""
+        alias = s.alias.value
+        what = "search" if s.search is not None else "rank"
+        span = s.search.span if s.search is not None else s.rank.span if s.rank else s.span
+        if not view.is_dataset:
+            raise DslError.at(
+                f"{what} needs an indexed dataset (dataset://<name>); {view.uri} is a "
+                f"{view.kind} source",
+                span,
+                "declare a dataset in fabric.yaml with an inverted index and read from dataset://",
+            )
+        schema: pa.Schema = view.schema
+        text = None
+        if s.search is not None:
+            text = self.text_arm(s, view, schema)
+        fusion = None
+        if s.rank is not None:
+            r = s.rank
+            if s.nearest is None and s.search is None:
+                raise DslError.at(
+                    "rank fuses the source's nearest: and search: results; it has neither",
+                    r.span,
+                    "add search: {column, query, k} and/or nearest: {column, to, k}",
+                )
+            recency = None
+            if r.recency is not None:
+                recency = r.recency.value
+                if recency not in schema.names:
+                    raise DslError.at(
+                        f"unknown recency column '{recency}' in dataset {view.uri}",
+                        r.recency.span,
+                        did_you_mean(recency, schema.names, "columns"),
+                    )
+                if not pa.types.is_timestamp(schema.field(recency).type):
+                    stamps = [f.name for f in schema if pa.types.is_timestamp(f.type)]
+                    raise DslError.at(
+                        f"rank recency column '{recency}' is "
+                        f"{name_of(schema.field(recency).type)}, not a timestamp",
+                        r.recency.span,
+                        f"timestamp columns: {', '.join(stamps)}"
+                        if stamps
+                        else "this dataset has no timestamp column",
+                    )
+            fusion = N.RankFusion(r.rrf_k, r.k, recency, r.half_life_seconds)
+        if vs is not None:
+            return dataclasses.replace(vs, text=text, fusion=fusion)
+        assert text is not None  # rank without either arm was refused above
+        return N.VectorSearch(
+            alias,
+            view.uri,
+            schema,
+            None,
+            None,
+            text.k,
+            tuple(A.unqualify(e) for e in local),
+            freshness=fresh,
+            text=text,
+            fusion=fusion,
+        )
+
+    def text_arm(self, s: SourceSpec, view: Any, schema: pa.Schema) -> N.TextArm:
+        sr = s.search
+        assert sr is not None
+        alias = s.alias.value
+        col = sr.column.value
+        if col not in schema.names:
+            raise DslError.at(
+                f"unknown column '{col}' in dataset {view.uri}",
+                sr.column.span,
+                did_you_mean(col, schema.names, "columns"),
+            )
+        # the index the dataset declares (fabric.yaml) or holds (a registered dataset)
+        idx = view.dataset.index(col) if view.dataset is not None else None
+        live = getattr(getattr(view, "source", None), "dataset", None)
+        specs = getattr(live, "specs", None) or {}
+        inverted = sorted(c for c, sp in specs.items() if getattr(sp, "kind", None) == "inverted")
+        if view.dataset is not None:
+            inverted = sorted(
+                set(inverted) | {i.column for i in view.dataset.indexes if i.kind == "inverted"}
+            )
+        kind = getattr(specs.get(col), "kind", None) or (idx.kind if idx is not None else None)
+        if kind != "inverted":
+            name = view.uri[len("dataset://") :]
+            raise DslError.at(
+                f"search column '{col}' has no inverted index in {view.uri}"
+                + (f" (it has a {kind} index)" if kind else ""),
+                sr.column.span,
+                f"declare one in fabric.yaml: datasets: {{{name}: {{indexes: {{{col}: inverted}}}}}}"
+                + (f" (inverted columns now: {', '.join(inverted)})" if inverted else ""),
+            )
+        q = A.replace(
+            sr.query,
+            lambda _: None,
+            pre=partial(self._subquery, scope=[], local=None, what="search"),
+        )
+        if q.columns():
+            raise DslError.at(
+                "search query: must be a session value or a constant text, not a column",
+                q.span,
+                'e.g. query: "{{session.question}}"',
+            )
+        self.check_not_encrypted(q, "search")
+        qt = infer(q, self.env([alias]))
+        if not (pa.types.is_string(qt) or pa.types.is_large_string(qt)):
+            raise DslError.at(
+                f"search query: must be text; {q} is {name_of(qt)}",
+                q.span,
+                "declare the session value as str",
+            )
+        return N.TextArm(col, q, sr.k)
 
     def embed_query(self, call: A.Call, view: Any, col: str, dim: int) -> A.Call:
         """``{{embed(session.q)}}``: the text ``q`` embedded at run time by the model the

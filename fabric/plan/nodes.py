@@ -216,42 +216,110 @@ class Scan(Plan):
 
 
 @dataclass(frozen=True)
+class TextArm:
+    """The keyword arm of a ranked search: the ``k`` rows with the highest BM25 relevance
+    of the inverted-indexed ``column`` to ``query`` (a Param or a text literal)."""
+
+    column: str
+    query: Expr
+    k: int
+
+    def __str__(self) -> str:
+        return f"search({self.column}, {self.query}) k={self.k}"
+
+
+@dataclass(frozen=True)
+class RankFusion:
+    """Reciprocal-rank fusion of the arms: ``rrf_k`` constant, ``k`` rows kept (None: the
+    larger arm's k), optional recency decay (half-life in seconds on a timestamp)."""
+
+    rrf_k: int = 60
+    k: int | None = None
+    recency: str | None = None
+    half_life_seconds: float | None = None
+
+    def __str__(self) -> str:
+        parts = [f"rrf_k={self.rrf_k}"]
+        if self.k is not None:
+            parts.append(f"k={self.k}")
+        if self.recency is not None:
+            parts.append(f"recency={self.recency} half_life={self.half_life_seconds:g}s")
+        return f"rank(rrf {' '.join(parts)})"
+
+
+@dataclass(frozen=True)
 class VectorSearch(Plan):
     """k nearest rows of an indexed dataset to ``query`` (a Param or literal vector),
     among rows satisfying ``filters`` (conjuncts over the dataset's columns). The
     retrieval strategy (HNSW post-filter, HNSW in-search filter, pre-filter + exact,
     exact scan) is chosen per execution by the cost model, because selectivity depends
-    on the session values."""
+    on the session values.
+
+    A ranked search (``search:`` / ``rank:`` in the binding) adds a keyword arm
+    (``text``: BM25 over an inverted index) and/or a ``fusion`` of the arms; without
+    ``nearest:`` ``column`` and ``query`` are None and ``k`` is the keyword arm's. Its
+    extra columns: ``_distance`` (vector arm), ``_bm25`` (keyword arm), ``_score``
+    (the fused score, or BM25 without fusion)."""
 
     alias: str
     uri: str
     source_schema: pa.Schema
-    column: str
-    query: Expr
+    column: str | None
+    query: Expr | None
     k: int
     filters: tuple[Expr, ...] = ()
     projection: tuple[str, ...] | None = None
     metric: str | None = None
     distance_column: str = "_distance"
     freshness: Freshness | None = None
+    text: TextArm | None = None
+    fusion: RankFusion | None = None
 
     def __post_init__(self) -> None:
         if self.k <= 0:
             raise PlanError(f"nearest k must be positive, got {self.k}")
-        if self.column not in self.source_schema.names:
-            raise PlanError(f"vector search {self.alias}: no column {self.column!r} in {self.uri}")
+        if self.column is None and self.text is None:
+            raise PlanError(f"search {self.alias}: neither a vector nor a keyword arm")
+        for c in (self.column, self.text.column if self.text else None):
+            if c is not None and c not in self.source_schema.names:
+                raise PlanError(f"vector search {self.alias}: no column {c!r} in {self.uri}")
+
+    @property
+    def inputs(self) -> tuple[Expr, ...]:
+        """The query values (vector, text) the search binds at run time."""
+        return tuple(e for e in (self.query, self.text.query if self.text else None) if e)
+
+    @property
+    def extra_columns(self) -> list[pa.Field]:
+        out = []
+        if self.column is not None:
+            out.append(pa.field(self.distance_column, pa.float32()))
+        if self.text is not None:
+            out.append(pa.field("_bm25", pa.float64()))
+        if self.text is not None or self.fusion is not None:
+            out.append(pa.field("_score", pa.float64()))
+        return out
 
     @property
     def schema(self) -> pa.Schema:
         s = self.source_schema
         if self.projection is not None:
             s = pa.schema([s.field(n) for n in self.projection])
-        return _qualify(self.alias, s.append(pa.field(self.distance_column, pa.float32())))
+        for f in self.extra_columns:
+            s = s.append(f)
+        return _qualify(self.alias, s)
 
     def header(self) -> str:
-        parts = [
-            f"VectorSearch: {self.alias} <- {self.uri} nearest({self.column}, {self.query}) k={self.k}"
-        ]
+        if self.column is not None:
+            parts = [
+                f"VectorSearch: {self.alias} <- {self.uri} nearest({self.column}, {self.query}) k={self.k}"
+            ]
+        else:
+            parts = [f"KeywordSearch: {self.alias} <- {self.uri}"]
+        if self.text is not None:
+            parts.append(str(self.text))
+        if self.fusion is not None:
+            parts.append(str(self.fusion))
         if self.metric:
             parts.append(f"metric={self.metric}")
         if self.projection is not None:
