@@ -14,7 +14,6 @@ from typing import Any
 import pyarrow as pa
 
 from connectors.base import (
-    Capability,
     ColumnStats,
     Connection,
     Pushdown,
@@ -31,7 +30,7 @@ from indexes.retrieval import RetrievalExplain
 
 
 class DatasetSource(Source):
-    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT, Capability.IN_PROCESS})
+    capabilities = frozenset({"projection", "limit"})
 
     def __init__(self, uri: str, dataset: Dataset):
         super().__init__(uri)

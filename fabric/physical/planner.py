@@ -4,8 +4,7 @@
 
 - each source's Scan / VectorSearch and the Filter/Derive chain right above it is a
   ``SourceUnit``; it runs on the shared scan pool, except a plan's lone unit over an
-  in-process source (a kind ``connectors.registry.inline_kinds()`` names, e.g.
-  ``dataset://`` and ``memory://``, or a source with ``Capability.IN_PROCESS``),
+  in-process source (``dataset://``, ``memory://``, or a source saying ``in_process``),
   which runs on the caller's thread. A unit whose dynamic filters take keys from other
   units depends on them; units are ordered key producers first;
   a Filter / Derive using a stage whose scans take keys from a unit (a correlated
@@ -61,6 +60,10 @@ from fabric.plan.nodes import (
     VectorSearch,
     WithStages,
 )
+
+INLINE_KINDS = frozenset({"dataset", "memory"})
+"""URI kinds whose sources work in process (no network I/O): a single-unit plan over one
+of them runs on the caller's thread. A source can say otherwise with ``in_process``."""
 
 NOW_PARAM = "__now"
 
@@ -293,20 +296,15 @@ class _Planner:
 
 
 def _in_process(catalog: Any, uri: str) -> bool:
-    """Whether ``uri``'s source scans in this process (no network I/O): its kind is one of
-    the registry's inline kinds, or the source's capabilities hold ``IN_PROCESS``."""
-    from connectors.base import Capability
-    from connectors.registry import inline_kinds
-
-    if uri.partition("://")[0] in inline_kinds():
-        return True
-    if catalog is None:
-        return False
-    try:
-        caps = getattr(catalog.source(uri), "capabilities", ())
-    except Exception:  # the unit reports it when it runs (same error, same place)
-        return False
-    return Capability.IN_PROCESS in caps
+    flag = None
+    if catalog is not None:
+        try:
+            flag = getattr(catalog.source(uri), "in_process", None)
+        except Exception:  # the unit reports it when it runs (same error, same place)
+            flag = None
+    if flag is not None:
+        return bool(flag)
+    return uri.partition("://")[0] in INLINE_KINDS
 
 
 def _swap(root: Physical, old: Physical, new: Physical) -> Physical:
