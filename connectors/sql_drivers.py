@@ -139,7 +139,9 @@ def partitions(result: CursorResult[Any], size: int) -> Iterator[list[tuple[Any,
         for part in result.partitions(size):
             yield [tuple(r) for r in part]
         return
-    first = result.fetchone()
+    # the row SQLAlchemy fetched ahead, as the driver returned it: fetchone() would run
+    # SQLAlchemy's result processors on it (MySQL DOUBLE -> Decimal rounded to 10 digits)
+    first = result.cursor_strategy.fetchone(result, result.cursor)
     if first is None:
         return
     cur = result.cursor
