@@ -48,6 +48,7 @@ class Fabric:
         self.catalog = catalog or Catalog(
             config, connections=connections, dataset_sources=dataset_sources, offline=offline
         )
+        self.executor: Any = None  # fabric.ray.RayExecutor with executor: ray
         self.compiler = Compiler(self.catalog)
         self.bindings = BindingFiles(self.compiler, config.binding_files, config.root)
         self._closed = False
@@ -65,6 +66,15 @@ class Fabric:
             self._start_datasets(ingest)
         if watch:
             self.bindings.watch()
+        if config.executor.kind == "ray" and not offline:
+            from fabric.ray import start
+
+            try:
+                self.executor = start(config.executor, config.root / ".fabric" / "ray")
+            except BaseException:
+                self.close()
+                raise
+            self.catalog.executor = self.executor  # type: ignore[attr-defined]
 
     # ---- lifecycle
     def _start_datasets(self, ingest: bool) -> None:
@@ -123,6 +133,8 @@ class Fabric:
         if self.service is not None:
             self.service.stop()
         self.catalog.close()
+        if self.executor is not None:
+            self.executor.close()
 
     def __enter__(self) -> Fabric:
         return self
@@ -369,11 +381,17 @@ def open(
     connections: Mapping[str, Connection] | None = None,
     dataset_sources: Mapping[str, Source] | None = None,
     offline: bool = False,
+    executor: str | Mapping[str, Any] | None = None,
 ) -> Fabric:
-    """Open a fabric from ``fabric.yaml`` (a path), YAML text, a dict, or a FabricConfig."""
+    """Open a fabric from ``fabric.yaml`` (a path), YAML text, a dict, or a FabricConfig.
+
+    ``executor``: ``"local"`` or ``"ray"`` (or ``{"kind": "ray", "min_rows": ...}``),
+    instead of fabric.yaml's ``executor:``."""
     config = (
         path_or_config if isinstance(path_or_config, FabricConfig) else load_config(path_or_config)
     )
+    if executor is not None:
+        config = _with_executor(config, executor)
     return Fabric(
         config,
         ingest=ingest,
@@ -382,3 +400,18 @@ def open(
         dataset_sources=dataset_sources,
         offline=offline,
     )
+
+
+def _with_executor(config: FabricConfig, executor: str | Mapping[str, Any]) -> FabricConfig:
+    import dataclasses
+
+    from fabric.config import EXECUTOR_KEYS, EXECUTOR_KINDS, ExecutorConfig
+
+    spec = {"kind": executor} if isinstance(executor, str) else dict(executor)
+    unknown = sorted(set(spec) - set(EXECUTOR_KEYS))
+    if unknown or spec.get("kind", "local") not in EXECUTOR_KINDS:
+        raise ValueError(
+            f"fabric.open(executor={executor!r}): use 'local', 'ray' or a dict with "
+            f"{', '.join(EXECUTOR_KEYS)} (kind one of {', '.join(EXECUTOR_KINDS)})"
+        )
+    return dataclasses.replace(config, executor=ExecutorConfig(**spec))

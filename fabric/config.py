@@ -54,6 +54,7 @@ TOP_KEYS = (
     "ingest",
     "agents",
     "tracing",
+    "executor",
 )
 DATASET_KEYS = (
     "from",
@@ -106,6 +107,8 @@ SERVER_KEYS = (
     "query_workers",
 )
 INGEST_KEYS = ("checkpoint_dir", "group_prefix", "batch_size", "enabled")
+EXECUTOR_KEYS = ("kind", "num_cpus", "address", "min_rows")
+EXECUTOR_KINDS = ("local", "ray")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -234,6 +237,19 @@ class IngestConfig:
 
 
 @dataclass(frozen=True)
+class ExecutorConfig:
+    """``executor:`` of fabric.yaml: ``local`` (the default: scans on this process's
+    thread pool) or ``ray`` (coarse scans as Ray tasks, docs/scale.md). For ``ray``:
+    ``num_cpus`` of the local cluster it starts, ``address`` of a running cluster to
+    attach to instead, ``min_rows``: scans estimated below it stay local."""
+
+    kind: str = "local"
+    num_cpus: int = 2
+    address: str | None = None
+    min_rows: int | None = None  # None: fabric.ray.scan.DEFAULT_MIN_ROWS
+
+
+@dataclass(frozen=True)
 class FabricConfig:
     path: Path | None
     root: Path
@@ -247,6 +263,7 @@ class FabricConfig:
     ingest: IngestConfig = IngestConfig()
     #: ``agents:`` (fabric.service.auth.AgentConfig by name): who may query over the wire
     agents: Mapping[str, Any] = field(default_factory=dict)
+    executor: ExecutorConfig = ExecutorConfig()
     #: ``tracing:`` (docs/tracing.md): spans, the ring buffer, OTLP export, prices
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
@@ -384,6 +401,7 @@ def _load_text(
     from fabric.tracing.config import parse_tracing
 
     tracing = section("tracing", parse_tracing, TracingConfig())
+    executor = section("executor", _executor, ExecutorConfig())
     if L.problems:
         raise DslError(L.problems)
     return FabricConfig(
@@ -398,6 +416,7 @@ def _load_text(
         server,
         ingest,
         agents,
+        executor,
         tracing=tracing,
     )
 
@@ -909,3 +928,31 @@ def _ingest(L: _Loader, doc: YamlMap) -> IngestConfig:
     if "batch_size" in m:
         kw["batch_size"] = y.integer(m, "batch_size", "batch_size", 1)
     return IngestConfig(**kw)
+
+
+def _executor(L: _Loader, doc: YamlMap) -> ExecutorConfig:
+    """``executor: ray`` or ``executor: {kind: ray, num_cpus: 2, address: ..., min_rows: ...}``."""
+    y = L.y
+    if not isinstance(doc["executor"], YamlMap):
+        kind = str(L.subst(doc, "executor"))
+        span = y.value_span(doc, "executor")
+        kw: dict[str, Any] = {}
+    else:
+        m = y.mapping(doc, "executor", "executor")
+        y.check_keys(m, EXECUTOR_KEYS, "executor")
+        kind = str(L.subst(m, "kind")) if "kind" in m else "local"
+        span = y.value_span(m, "kind") if "kind" in m else y.value_span(doc, "executor")
+        kw = {}
+        if "num_cpus" in m:
+            kw["num_cpus"] = y.integer(m, "num_cpus", "num_cpus", 1)
+        if "address" in m:
+            kw["address"] = str(L.subst(m, "address"))
+        if "min_rows" in m:
+            kw["min_rows"] = y.integer(m, "min_rows", "min_rows", 0)
+    if kind not in EXECUTOR_KINDS:
+        raise y.error(
+            f"unknown executor {kind!r}",
+            span,
+            did_you_mean(kind, EXECUTOR_KINDS, "executors"),
+        )
+    return ExecutorConfig(kind=kind, **kw)

@@ -487,8 +487,15 @@ class _Run:
             timeout=self.timeout,
         )
         t0 = time.perf_counter()
+        ray_info = None
         try:
-            batches = list(source.scan(request))
+            # executor: ray reads coarse scans as Ray tasks (fabric.ray.scan); None: here
+            hook = getattr(self.catalog, "executor", None)
+            remote = hook.scan(source, request, scan) if hook is not None else None
+            if remote is None:
+                batches = list(source.scan(request))
+            else:
+                batches, ray_info = remote
         except Exception as e:  # SourceError, or a driver error the connector did not wrap
             raise _SourceFailed(e) from e
         ms = (time.perf_counter() - t0) * 1000
@@ -509,6 +516,9 @@ class _Run:
             table = table.select(list(scan.projection))
         table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
         self._source_stats(alias, scan, rows, nbytes, len(batches), ms, dyn_stats)
+        if ray_info is not None:
+            with self._lock:
+                self.sources[alias]["ray"] = ray_info
         if request.metrics:  # what the scan cost at the source (REST: requests, retries, waits)
             with self._lock:
                 self.sources[alias]["source"] = dict(request.metrics)

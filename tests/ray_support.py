@@ -1,0 +1,23 @@
+"""The one local Ray cluster of a test session (tests/test_ray*.py import ``ray_cluster``).
+
+Started on first use with 2 CPUs, loopback only, its token and session files under the
+session's temporary directory; every module shares it (``fabric.ray.cluster.acquire`` is
+process-wide) and it is stopped at the end of the session, only the processes it started,
+by PID."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray", reason="executor: ray needs the ray extra (pip install -e '.[ray]')")
+
+from fabric.ray import cluster as _cluster
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    c = _cluster.acquire(tmp_path_factory.mktemp("ray"), num_cpus=2)
+    try:
+        yield c
+    finally:
+        _cluster.release(c)
