@@ -22,6 +22,7 @@ postings; its length leaves the totals and its ``tf`` entries are pruned.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,8 @@ def _merge(chunks: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.
         return chunks[0]
     r = np.concatenate([c[0] for c in chunks])
     f = np.concatenate([c[1] for c in chunks])
+    if all(a[0][-1] < b[0][0] for a, b in itertools.pairwise(chunks)):
+        return r, f  # batches in arrival order (the usual case): already sorted
     order = np.argsort(r, kind="stable")
     return r[order], f[order]
 
@@ -290,6 +293,8 @@ class InvertedIndex:
         chunks = self.tf.get(token)
         if chunks:
             r, f = _merge(chunks)
+            if len(chunks) > 1:  # keep the merge (readers may race here: same result)
+                self.tf[token] = [(r, f)]
             pos = np.searchsorted(r, rows)
             pos[pos >= len(r)] = 0
             hit = r[pos] == rows

@@ -271,23 +271,27 @@ class Fusion:
 def rrf(ranked: Sequence[np.ndarray], rrf_k: int = RRF_K) -> tuple[np.ndarray, np.ndarray]:
     """Reciprocal-rank fusion of ranked row-id lists (best first): (row ids, scores),
     highest first; ties keep the order of the first list holding the row, then the
-    next, then row id."""
-    score: dict[int, float] = {}
-    first: dict[int, tuple[int, ...]] = {}
-    m = len(ranked)
-    for a, ids in enumerate(ranked):
-        for r, rid in enumerate(np.asarray(ids).tolist(), start=1):
-            score[rid] = score.get(rid, 0.0) + 1.0 / (rrf_k + r)
-            if rid not in first:
-                pos = [10**12] * m
-                pos[a] = r
-                first[rid] = tuple(pos)
-            else:
-                p = list(first[rid])
-                p[a] = min(p[a], r)
-                first[rid] = tuple(p)
-    rows = sorted(score, key=lambda x: (-score[x], *first[x], x))
-    return np.array(rows, np.int64), np.array([score[x] for x in rows], np.float64)
+    next, then row id. A row listed twice in one list counts at its best rank."""
+    parts = [np.asarray(x, np.int64) for x in ranked]
+    if not parts or not sum(len(p) for p in parts):
+        return np.empty(0, np.int64), np.empty(0, np.float64)
+    ids = np.concatenate(parts)
+    arm = np.concatenate([np.full(len(p), a) for a, p in enumerate(parts)])
+    pos = np.concatenate([np.arange(1, len(p) + 1) for p in parts])
+    # best (first) rank of each row in each list
+    order = np.lexsort((pos, arm, ids))
+    ids, arm, pos = ids[order], arm[order], pos[order]
+    first = np.ones(len(ids), bool)
+    first[1:] = (ids[1:] != ids[:-1]) | (arm[1:] != arm[:-1])
+    ids, arm, pos = ids[first], arm[first], pos[first]
+    uniq, inv = np.unique(ids, return_inverse=True)
+    score = np.bincount(inv, weights=1.0 / (rrf_k + pos), minlength=len(uniq))
+    big = np.iinfo(np.int64).max
+    ranks = np.full((len(parts), len(uniq)), big, np.int64)
+    ranks[arm, inv] = pos
+    keys = [uniq, *ranks[::-1], -score]  # lexsort: last key first
+    o = np.lexsort(keys)
+    return uniq[o], score[o]
 
 
 def decay(
@@ -296,16 +300,16 @@ def decay(
     """0.5 ** (age / half_life) per row (age clipped at 0; a null timestamp gives 0)."""
     col = ds._scalar_table().column(column).take(pa.array(rowids, pa.int64()))
     t = col.type
-    if pa.types.is_timestamp(t):
-        us = col.cast(pa.timestamp("us", tz=t.tz)).cast(pa.int64())
-        now_us = now.timestamp() * 1e6
-        age = (now_us - us.to_numpy(zero_copy_only=False).astype(np.float64)) / 1e6
-    else:
+    if not pa.types.is_timestamp(t):
         raise DatasetError(f"recency column {column!r} is {t}, not a timestamp")
-    valid = col.is_valid().to_numpy(zero_copy_only=False)
-    out = np.zeros(len(rowids))
-    age = np.maximum(np.nan_to_num(age, nan=0.0), 0.0)
-    out[valid] = np.power(0.5, age[valid] / half_life_s)
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if t.unit != "us":
+        col = col.cast(pa.timestamp("us", tz=t.tz))
+    us = np.asarray(col.view(pa.int64()).fill_null(0).to_numpy(), np.float64)
+    age = np.maximum((now.timestamp() * 1e6 - us) / 1e6, 0.0)
+    out = np.power(0.5, age / half_life_s)
+    if col.null_count:
+        out[~col.is_valid().to_numpy(zero_copy_only=False)] = 0.0
     return out
 
 
@@ -433,5 +437,10 @@ def rank(
 
 def _lookup(ids: np.ndarray, arm_ids: np.ndarray, values: np.ndarray, t: pa.DataType) -> pa.Array:
     """``values`` of the arm at each of ``ids``; null where the arm did not return the row."""
-    pos = {int(r): i for i, r in enumerate(arm_ids.tolist())}
-    return pa.array([None if (i := pos.get(int(r))) is None else float(values[i]) for r in ids], t)
+    if not len(arm_ids):
+        return pa.nulls(len(ids), t)
+    o = np.argsort(arm_ids, kind="stable")
+    sa = arm_ids[o]
+    p = np.minimum(np.searchsorted(sa, ids), len(sa) - 1)
+    hit = sa[p] == ids
+    return pa.array(np.asarray(values, np.float64)[o[p]], t, mask=~hit)
