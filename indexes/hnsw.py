@@ -185,13 +185,16 @@ class VectorIndex:
 
     def distances(self, q: np.ndarray, rows: np.ndarray | slice) -> np.ndarray:
         """Exact distances from ``q`` to the given rows (a slice is contiguous: fastest)."""
-        dots = self._dots(q, rows)
+        return self.dist_from_dots(q, self._dots(q, rows), self.aux[rows])
+
+    def dist_from_dots(self, q: np.ndarray, dots: np.ndarray, aux: np.ndarray) -> np.ndarray:
+        """The metric's distance from ``x . q`` and the rows' aux (squared / inverse norms)."""
         if self.metric == "l2":
-            return self.aux[rows] - 2.0 * dots + float(q @ q)
+            return aux - 2.0 * dots + float(q @ q)
         if self.metric == "cosine":
             qn = float(np.sqrt(q @ q))
             inv = 1.0 / qn if qn > 0 else 0.0
-            return 1.0 - dots * self.aux[rows] * inv
+            return 1.0 - dots * aux * inv
         return 1.0 - dots
 
     def knn(

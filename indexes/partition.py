@@ -12,10 +12,19 @@ per value of a B-tree column (``IndexSpec('hnsw', partition='sector')``): a filt
 conjuncts fix that column to a list of values walks each listed value's graph (cost ~
 ``values x hnsw(small graph)``), post-filters the other conjuncts inside it, and merges.
 
+Next to each value's graph, its rows' vectors are kept as one contiguous float32 matrix
+in row-id order (a *posting matrix*, ``_Posting``): exact distances to a value's rows are
+then one contiguous pass (~24 ns/row at 128-d) instead of a gather by row id (~90 ns/row,
+and 2-5x that on a loaded machine), so a filter pinning a few values of ~10 % of the rows
+is answered exactly in about the time of a graph walk (the anti-correlated ``cl in (...)``
+of issue 12: 21.8k candidates of 200k). It costs one more copy of the vectors (dim x 4
+bytes per row); deleted rows stay in it and are masked by the dataset's ``alive``.
+
 The graphs are a secondary structure with their own progress counter ``done`` (row ids
-below it are in their value's graph, unless they were dead or null then); the dataset's
-folder catches them up after the main graph, rows at or above ``done`` are searched
-exactly by the retrieval path. They are rebuilt after ``load`` (not persisted).
+below it are in their value's graph and posting matrix, unless they were dead or null
+then); the dataset's folder catches them up after the main graph, rows at or above
+``done`` are searched exactly by the retrieval path. They are rebuilt after ``load`` (not
+persisted).
 """
 
 from __future__ import annotations
@@ -81,12 +90,40 @@ class _Graph:
         self.size += len(ids)
 
 
+class _Posting:
+    """One value's rows: their vectors as a contiguous float32 matrix in row-id order, the
+    row ids and the metric's per-row aux (squared or inverse norms); grown by doubling."""
+
+    def __init__(self, dim: int):
+        self.vecs = np.zeros((0, dim), dtype=np.float32)
+        self.aux = np.zeros(0, dtype=np.float32)
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.n = 0
+
+    def add(self, ids: np.ndarray, vecs: np.ndarray, aux: np.ndarray) -> None:
+        end = self.n + len(ids)
+        if end > len(self.ids):
+            cap = max(end, 2 * len(self.ids), 64)
+            v = np.zeros((cap, self.vecs.shape[1]), dtype=np.float32)
+            v[: self.n] = self.vecs[: self.n]
+            a = np.zeros(cap, dtype=np.float32)
+            a[: self.n] = self.aux[: self.n]
+            i = np.zeros(cap, dtype=np.int64)
+            i[: self.n] = self.ids[: self.n]
+            self.vecs, self.aux, self.ids = v, a, i
+        self.vecs[self.n : end] = vecs
+        self.aux[self.n : end] = aux
+        self.ids[self.n : end] = ids
+        self.n = end
+
+
 class Partitions:
     """One hnswlib graph per value of B-tree column ``column`` over vector column ``vi``."""
 
     def __init__(self, vi: Any, column: str, bt: BTreeIndex):
         self.vi, self.column, self.bt = vi, column, bt
         self.graphs: dict[Any, _Graph] = {}
+        self.postings: dict[Any, _Posting] = {}  # value -> its rows as a contiguous matrix
         self.done = 0
         self.key_of_row: dict[int, Any] = {}  # row id -> key, for graph deletes
         self.ms_per_row = 0.5
@@ -114,6 +151,7 @@ class Partitions:
         if len(ids):
             order = np.argsort(np.array(keys, dtype=object), kind="stable")
             ids, vecs = ids[order], vecs[order]
+            aux = self.vi._aux(vecs)
             keys = [keys[i] for i in order.tolist()]
             s = 0
             for i in range(1, len(keys) + 1):
@@ -124,6 +162,10 @@ class Partitions:
                             self.vi.metric, self.vi.dim, spec.M, spec.ef_construction, spec.ef
                         )
                     g.add(ids[s:i], vecs[s:i], threads if i - s > 256 else 1)
+                    post = self.postings.get(keys[s])
+                    if post is None:
+                        post = self.postings[keys[s]] = _Posting(self.vi.dim)
+                    post.add(ids[s:i], vecs[s:i], aux[s:i])
                     s = i
             self.key_of_row.update(zip(ids.tolist(), keys))
         self.done = end
@@ -152,6 +194,37 @@ class Partitions:
         g = self.graphs.get(key)
         return g.size if g is not None else 0
 
+    def stored(self, key: Any) -> int:
+        """Rows in the value's posting matrix (deleted ones included: masked when read)."""
+        p = self.postings.get(key)
+        return p.n if p is not None else 0
+
+    def exact(
+        self,
+        key: Any,
+        q: np.ndarray,
+        k: int,
+        alive: np.ndarray,
+        keep: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k of the value's live rows (and ``keep[rowid]``, a row mask of the
+        other conjuncts, when given): one contiguous pass over its posting matrix."""
+        p = self.postings.get(key)
+        if p is None or not p.n:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        ids = p.ids[: p.n]
+        d = self.vi.dist_from_dots(q, np.einsum("ij,j->i", p.vecs[: p.n], q), p.aux[: p.n])
+        m = alive[ids]
+        if keep is not None:
+            m &= keep[ids]
+        if not m.all():
+            ids, d = ids[m], d[m]
+        if len(d) > k:
+            part = np.argpartition(d, k - 1)[:k]
+            ids, d = ids[part], d[part]
+        order = np.lexsort((ids, d))
+        return ids[order], d[order]
+
     def knn(self, key: Any, q: np.ndarray, k: int, ef: int) -> tuple[np.ndarray, np.ndarray]:
         g = self.graphs.get(key)
         k = min(k, g.size) if g is not None else 0
@@ -169,6 +242,11 @@ class Partitions:
 
     def nbytes(self) -> int:
         M, dim = self.vi.spec.M, self.vi.dim
-        return sum(
-            g.index.get_max_elements() * (dim * 4 + 2 * M * 4 + 16) for g in self.graphs.values()
-        ) + 100 * len(self.key_of_row)
+        return (
+            sum(
+                g.index.get_max_elements() * (dim * 4 + 2 * M * 4 + 16)
+                for g in self.graphs.values()
+            )
+            + sum(len(p.ids) * (dim * 4 + 12) for p in self.postings.values())
+            + 100 * len(self.key_of_row)
+        )

@@ -57,12 +57,18 @@ from indexes.hnsw import VectorIndex
 from indexes.spec import DatasetError
 
 STRATEGIES = ("postfilter", "insearch", "prefilter", "exact", "partition")
+# the strategies that read a graph (and the growing segment's bounds ``folded``): they run
+# under the graph lock; prefilter and exact read only the vectors and the filter's rows
+GRAPH_STRATEGIES = frozenset({"postfilter", "insearch", "partition"})
 MAX_PARTITION_VALUES = 64  # an `in` list longer than this is not walked value by value
 # a per-value graph is walked with PARTITION_EF_FACTOR x the column's ef: queries are
 # usually far from a value the filter pins (that is why it is pinned), and HNSW recall
 # drops for such out-of-distribution queries -- one 3k-row Gaussian cluster, 128-d, M=16:
 # recall@10 0.905 at ef 128, 0.964-0.970 at 256, 0.99 at 512 (benchmarks/retrieval.py data)
 PARTITION_EF_FACTOR = 2
+# the Python price of one exact pass over a value's posting matrix beyond its distances
+# (einsum call, liveness / conjunct masks, top-k): ~10-15 us measured at a few hundred rows
+POSTING_PASS_MS = 0.012
 KPRIME_CAP = 4096  # largest post-filter oversampling
 OVERSAMPLE = 1.5
 MATERIALIZE_FRACTION = (
@@ -287,9 +293,15 @@ def search(
     strategy: str | None = None,
     ef: int | None = None,
     guards: bool = True,
+    graph_lock: Any = None,
 ) -> tuple[np.ndarray, np.ndarray, RetrievalExplain]:
     """Caller holds the dataset's read lock. ``guards=False`` (benchmarks only) lets a
-    forced strategy return what it found instead of switching to exact."""
+    forced strategy return what it found instead of switching to exact.
+
+    ``graph_lock`` (the dataset's ``RWLock`` of its graphs): planning runs without it and
+    only a strategy that reads a graph (``GRAPH_STRATEGIES``) takes it for reading, so a
+    pre-filter or exact scan never waits behind a folder chunk. Without it the caller
+    holds the graph lock already."""
     t0 = time.perf_counter()
     vi = ds.vectors.get(column)
     if vi is None:
@@ -346,7 +358,11 @@ def search(
     else:
         info.chosen = min(info.alternatives, key=lambda a: a.cost_ms).strategy
     info.plan_ms = (time.perf_counter() - t0) * 1e3
-    ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, plan)
+    if graph_lock is not None and info.chosen in GRAPH_STRATEGIES:
+        with graph_lock.read():  # counts read while planning may have moved: costs only
+            ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, plan)
+    else:
+        ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, plan)
     if strategy is None and pred is not None:
         for s, p in ds.feedback.get(info.feedback_key, {}).items():
             if s != info.chosen:  # forget slowly, so a strategy that failed gets retried
@@ -793,12 +809,13 @@ def _key_plan(
     shrink = max(0.3, math.log2(size + 2) / math.log2(max(vi.in_graph, 2) + 2))
     base = cm.hnsw_ms(16, vi.dim, vi.column)
     walk = base + (cm.hnsw_ms(max(PARTITION_EF_FACTOR * ef, kp), vi.dim, vi.column) - base) * shrink
-    sel = 1.0 if rest is None else rest.estimate().rows / max(n, 1)
-    exact = size * cm.bitmap_ns_per_row * 1e-6 + cm.exact_ms(int(size * sel), vi.dim, False)
+    # exact: one contiguous pass over the value's posting matrix (deleted rows included,
+    # masked), plus a row-mask test of the other conjuncts
+    stored = parts.stored(key)
+    exact = POSTING_PASS_MS + cm.exact_ms(stored, vi.dim, True)
     if rest is not None:
         walk += check_ms(rest, cand, kp, cm, n)
-        if cand is None:
-            exact += size * cm.test_ns_per_row * 1e-6
+        exact += stored * cm.test_ns_per_row * 1e-6
     if kp >= size or exact < walk:
         return "exact", exact
     return "walk", walk
@@ -836,7 +853,8 @@ def _partition_cost(
     return Alternative(
         "partition",
         cm.fixed_ms("partition") + walk,
-        f"{walked} walk(s) of {len(keys)} per-value graph(s) of {parts.column}, k'={kp}"
+        f"{walked} walk(s), {len(keys) - walked} exact pass(es) over the posting matrices "
+        f"of {len(keys)} value(s) of {parts.column}, k'={kp}"
         + (f", {tail} rows not in them" if tail > 0 else ""),
     )
 
@@ -866,16 +884,17 @@ def _partition(
     kp = _rest_kp(rest, k, n)
     got: list[tuple[np.ndarray, np.ndarray]] = []
     exact_keys, walks, unverified = 0, 0, []
-    below = BitMap()
-    below.add_range(0, lo)
+    keep: list[np.ndarray | None] = []  # row mask of the whole filter, built on first need
 
     def exact_key(key: Any) -> tuple[np.ndarray, np.ndarray]:
-        kb = parts.bt.rows([Range.point(key)])
-        if cand is not None:
-            kb &= cand
-        elif rest is not None:
-            kb = rest.evaluate(kb & ds.live)
-        return exact_on(vi, q, array_of(kb & below), k, cm)  # the tail comes below
+        """The value's rows below ``lo`` (the tail comes below), exactly: one contiguous
+        pass over its posting matrix, masked by liveness and the other conjuncts."""
+        if rest is not None and not keep:
+            bm = cand if cand is not None else pred.evaluate(None)  # type: ignore[union-attr]
+            m = np.zeros(max(ds.n, 1), dtype=bool)
+            m[array_of(bm).astype(np.int64)] = True
+            keep.append(m)
+        return parts.exact(key, q, k, ds.alive, keep[0] if keep else None)
 
     for key in keys:
         how, _ = _key_plan(vi, cm, key, rest, cand, kp, ef, n)
