@@ -16,15 +16,20 @@ bound values. A source answers per filter:
 - ``UNSUPPORTED``: the fabric applies it above the scan.
 
 A limit or order is pushed only when every filter of that source is EXACT.
+
+What else a source can do is a set of ``Capability`` members (``Source.capabilities``);
+the planner asks only for those. ``SourceLike``, ``ConnectionLike`` and ``Searchable`` are
+the typed protocols the catalog, planner and executor rely on: a third-party source need
+not subclass ``Source``, only have that shape (``connectors.testing`` checks it).
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -37,6 +42,44 @@ class Pushdown(enum.Enum):
     EXACT = "exact"
     INEXACT = "inexact"
     UNSUPPORTED = "unsupported"
+
+
+class Capability(enum.StrEnum):
+    """What a source can do beyond ``schema()``, filters and ``scan()``. The planner asks a
+    source only for what its ``capabilities`` hold; a str-valued enum, so ``"limit" in caps``
+    still reads (fabric.yaml and third-party classes may give the names)."""
+
+    #: returns only ``ScanRequest.columns`` (else the fabric drops the others)
+    PROJECTION = "projection"
+    #: stops after ``ScanRequest.limit`` rows (asked only when every filter is EXACT)
+    LIMIT = "limit"
+    #: returns rows in ``ScanRequest.order_by`` order (with ``limit``: a top-k at the source)
+    ORDER_BY = "order_by"
+    #: keeps the newest record per ``ScanRequest.latest_by`` key (logs: ``latest_by:``)
+    LATEST_BY = "latest_by"
+    #: reads only records in ``ScanRequest.time_range`` (logs; not yet asked by the planner)
+    TIME_RANGE = "time_range"
+    #: answers ``search(...)`` over a vector index (``Searchable``; datasets)
+    VECTOR_SEARCH = "vector_search"
+    #: scans in this process without network I/O: a plan over it alone runs on the
+    #: caller's thread (``fabric.physical.planner``; memory tables, datasets)
+    IN_PROCESS = "in_process"
+
+
+def as_capabilities(values: Iterable[Any], where: str = "a source") -> frozenset[Capability]:
+    """``values`` (members or their names) as Capability members; an unknown name is a
+    ValueError naming ``where`` and the known ones."""
+    out = set()
+    for v in values:
+        try:
+            out.add(v if isinstance(v, Capability) else Capability(v))
+        except ValueError:
+            known = ", ".join(c.value for c in Capability)
+            raise ValueError(
+                f"{where} declares capability {v!r}, which the fabric does not know; "
+                f"known capabilities: {known} (connectors.base.Capability)"
+            ) from None
+    return frozenset(out)
 
 
 class SourceError(FabricError):
@@ -146,8 +189,8 @@ class ScanRequest:
 class Source:
     """One table / collection / object set / topic. Subclasses implement schema() and scan()."""
 
-    #: 'projection', 'limit', 'order_by', 'latest_by', 'time_range'
-    capabilities: ClassVar[frozenset[str]] = frozenset({"projection"})
+    #: what the planner may ask of this source beyond filters (``Capability``)
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.PROJECTION})
 
     def __init__(self, uri: str):
         self.uri = uri
@@ -196,6 +239,46 @@ class Connection:
 
     def close(self) -> None:
         pass
+
+
+@runtime_checkable
+class SourceLike(Protocol):
+    """What the catalog, planner and executor need of a source (``Source`` has it)."""
+
+    uri: str
+    capabilities: frozenset[Capability]
+
+    def schema(self) -> pa.Schema: ...
+
+    def supports_filter(self, expr: Expr) -> Pushdown: ...
+
+    def statistics(self) -> Statistics: ...
+
+    def watermark(self) -> Watermark | None: ...
+
+    def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]: ...
+
+
+@runtime_checkable
+class Searchable(Protocol):
+    """A source with ``Capability.VECTOR_SEARCH``: ``nearest:`` calls its ``search``."""
+
+    def search(self, *args: Any, **kwargs: Any) -> pa.Table: ...
+
+
+@runtime_checkable
+class ConnectionLike(Protocol):
+    """What the catalog needs of a connection (``Connection`` has it)."""
+
+    name: str
+
+    def source(self, obj: str, options: Mapping[str, Any] | None = None) -> SourceLike: ...
+
+    def list_objects(self) -> list[str]: ...
+
+    def ping(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def connection_class(kind: str) -> type[Connection]:

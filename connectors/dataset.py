@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from connectors.base import (
+    Capability,
     ColumnStats,
     Connection,
     Pushdown,
@@ -30,7 +31,7 @@ from indexes.retrieval import RetrievalExplain
 
 
 class DatasetSource(Source):
-    capabilities = frozenset({"projection", "limit"})
+    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT, Capability.IN_PROCESS})
 
     def __init__(self, uri: str, dataset: Dataset):
         super().__init__(uri)

@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from connectors._util import flat_options, schema_from_spec, typed_params
 from connectors.arrow_expr import to_arrow, utcnow
 from connectors.base import (
+    Capability,
     Connection,
     Pushdown,
     ScanRequest,
@@ -406,7 +407,9 @@ class _Tail:
 
 
 class KafkaSource(Source):
-    capabilities = frozenset({"projection", "limit", "latest_by", "time_range"})
+    capabilities = frozenset(
+        {Capability.PROJECTION, Capability.LIMIT, Capability.LATEST_BY, Capability.TIME_RANGE}
+    )
 
     def __init__(
         self, uri: str, conn: KafkaConnection, topic: str, partitions: list[int], schema: pa.Schema

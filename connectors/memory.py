@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from connectors.arrow_expr import filter_table, translatable
 from connectors.base import (
+    Capability,
     ColumnStats,
     Connection,
     Pushdown,
@@ -29,7 +30,9 @@ from dsl.ast import Expr
 
 
 class MemorySource(Source):
-    capabilities = frozenset({"projection", "limit", "order_by"})
+    capabilities = frozenset(
+        {Capability.PROJECTION, Capability.LIMIT, Capability.IN_PROCESS, Capability.ORDER_BY}
+    )
 
     def __init__(self, uri: str, table: pa.Table):
         super().__init__(uri)

@@ -35,6 +35,7 @@ from connectors._util import (
 )
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
 from connectors.base import (
+    Capability,
     Connection,
     Pushdown,
     ScanRequest,
@@ -304,7 +305,7 @@ class _Translator:
 
 
 class MongoSource(Source):
-    capabilities = frozenset({"projection", "limit", "order_by"})
+    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT, Capability.ORDER_BY})
 
     def __init__(
         self,

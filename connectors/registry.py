@@ -13,9 +13,13 @@ A third-party package adds a kind without touching this repository, either from 
 or, installed, through an entry point in the ``agent_data_fabric.connectors`` group
 (``redis = fabric_redis:RedisConnection`` in its ``pyproject.toml``
 ``[project.entry-points."agent_data_fabric.connectors"]``). The class declares
-``options`` (tuple of option names), ``capabilities`` (frozenset) and ``objects`` (the
-plural noun, e.g. ``"indices"``) as class attributes; an entry point's class is imported
-the first time its kind is looked up.
+``options`` (tuple of option names), ``capabilities`` (``connectors.base.Capability``
+members or their names; an unknown name is refused when the kind is registered) and
+``objects`` (the plural noun, e.g. ``"indices"``) as class attributes; an entry point's
+class is imported the first time its kind is looked up.
+
+``inline_kinds()`` (the kinds with ``Capability.IN_PROCESS``, and ``dataset``) is what the
+physical planner runs on the caller's thread.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import importlib
 import importlib.metadata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from connectors.base import Capability, as_capabilities
 
 if TYPE_CHECKING:
     from connectors.base import Connection
@@ -42,7 +48,7 @@ class ConnectorSpec:
     #: options a ``connections:`` entry of this kind accepts (besides kind/schemas/description)
     options: tuple[str, ...] = ("options",)
     #: capabilities of its sources when planning offline (``Source.capabilities``)
-    capabilities: frozenset[str] = frozenset({"projection"})
+    capabilities: frozenset[Capability] = frozenset({Capability.PROJECTION})
     #: plural noun of its objects in messages ("tables", "topics")
     objects: str = "objects"
     #: the ``agent-data-fabric[extra]`` that installs its driver, if any
@@ -60,8 +66,9 @@ _SQL_KEYS = (
     "timeout",
     "options",
 )
-_SQL_CAPS = frozenset({"projection", "limit", "order_by"})
-_FILE_CAPS = frozenset({"projection", "limit"})
+C = Capability
+_SQL_CAPS = frozenset({C.PROJECTION, C.LIMIT, C.ORDER_BY})
+_FILE_CAPS = frozenset({C.PROJECTION, C.LIMIT})
 
 _BUILTIN = (
     ConnectorSpec("mysql", "connectors.sql:SqlConnection", _SQL_KEYS, _SQL_CAPS, "tables", "mysql"),
@@ -73,7 +80,7 @@ _BUILTIN = (
         "mongo",
         "connectors.mongo:MongoConnection",
         ("url", "database", "connect_timeout", "query_timeout", "timeout", "sample", "options"),
-        frozenset({"projection", "limit", "order_by"}),
+        _SQL_CAPS,
         "collections",
         "mongo",
     ),
@@ -123,12 +130,16 @@ _BUILTIN = (
             "config",
             "options",
         ),
-        frozenset({"projection", "limit", "latest_by", "time_range"}),
+        frozenset({C.PROJECTION, C.LIMIT, C.LATEST_BY, C.TIME_RANGE}),
         "topics",
         "kafka",
     ),
     ConnectorSpec(
-        "memory", "connectors.memory:MemoryConnection", ("options",), _SQL_CAPS, "tables"
+        "memory",
+        "connectors.memory:MemoryConnection",
+        ("options",),
+        _SQL_CAPS | {C.IN_PROCESS},
+        "tables",
     ),
     ConnectorSpec(
         "rest",
@@ -156,7 +167,7 @@ _KINDS: dict[str, ConnectorSpec] = {s.kind: s for s in _BUILTIN}
 _CLASSES: dict[str, type[Connection]] = {}
 
 #: capabilities of a materialized dataset's sources (``dataset://``), planned offline
-DATASET_CAPABILITIES = frozenset({"projection", "limit", "vector_search"})
+DATASET_CAPABILITIES = frozenset({C.PROJECTION, C.LIMIT, C.VECTOR_SEARCH, C.IN_PROCESS})
 
 
 def _spec_of(kind: str, cls: type[Any], target: str) -> ConnectorSpec:
@@ -165,7 +176,10 @@ def _spec_of(kind: str, cls: type[Any], target: str) -> ConnectorSpec:
         kind,
         target,
         options if "options" in options else (*options, "options"),
-        frozenset(getattr(cls, "capabilities", None) or {"projection"}),
+        as_capabilities(
+            getattr(cls, "capabilities", None) or {Capability.PROJECTION},
+            f"connection class {target}",
+        ),
         str(getattr(cls, "objects", "objects")),
         getattr(cls, "extra", None),
     )
@@ -209,6 +223,15 @@ def spec(kind: str) -> ConnectorSpec:
         raise KeyError(kind)
     register_connection(kind, ep.load())
     return _KINDS[kind]
+
+
+def inline_kinds() -> frozenset[str]:
+    """Kinds whose sources scan in this process (``Capability.IN_PROCESS``): a plan over
+    one of them alone runs on the caller's thread. Built-in and registered kinds (an
+    installed entry point's kind counts once it was looked up), and ``dataset``."""
+    return frozenset(k for k, s in _KINDS.items() if Capability.IN_PROCESS in s.capabilities) | {
+        "dataset"
+    }
 
 
 def connection_class(kind: str) -> type[Connection]:

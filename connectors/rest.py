@@ -67,6 +67,7 @@ import pyarrow as pa
 from connectors._util import flat_options, schema_from_spec, typed_params
 from connectors.arrow_expr import filter_table
 from connectors.base import (
+    Capability,
     Connection,
     Pushdown,
     ScanRequest,
@@ -292,7 +293,7 @@ def _value(v: Expr, params: Mapping[str, Any]) -> Any:
 
 
 class RestSource(Source):
-    capabilities = frozenset({"projection", "limit"})
+    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT})
 
     def __init__(self, conn: RestConnection, endpoint: Endpoint, schema: pa.Schema):
         super().__init__(f"rest://{conn.name}/{endpoint.name}")

@@ -42,6 +42,7 @@ from connectors._util import (
 )
 from connectors.arrow_expr import NotTranslatable, param_is_list, to_arrow, utcnow
 from connectors.base import (
+    Capability,
     ColumnStats,
     Connection,
     Pushdown,
@@ -124,7 +125,7 @@ def arrow_filter_ok(expr: Expr, schema: pa.Schema) -> bool:
 
 
 class S3Source(Source):
-    capabilities = frozenset({"projection", "limit"})
+    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT})
 
     def __init__(self, uri: str, conn: S3Connection, obj: str, options: Mapping[str, Any]):
         super().__init__(uri)

@@ -33,6 +33,7 @@ from connectors import sql_drivers
 from connectors._util import BadValueError, apply_locally, flat_options, typed_params
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
 from connectors.base import (
+    Capability,
     ColumnStats,
     Connection,
     Pushdown,
@@ -145,7 +146,7 @@ def _sqlite_binary_collation(conn: SqlConnection, table: sa.Table) -> bool:
 class SqlSource(Source):
     """One table or view."""
 
-    capabilities = frozenset({"projection", "limit", "order_by"})
+    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT, Capability.ORDER_BY})
 
     def __init__(self, uri: str, conn: SqlConnection, table: sa.Table):
         super().__init__(uri)
@@ -159,7 +160,7 @@ class SqlSource(Source):
         self.generic = dialect not in ("mysql", "mariadb", "postgresql")
         self.naive_times = dialect != "postgresql"  # bind UTC datetimes without a zone
         if self.generic:
-            self.capabilities = frozenset({"projection", "limit"})  # type: ignore[misc]
+            self.capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT})  # type: ignore[misc]
         # SQLite compares TEXT bytewise (collation BINARY), as Arrow does, unless the table
         # declares another collation: then =, <, in on strings push down (not LIKE, which
         # SQLite folds ASCII case for)

@@ -22,11 +22,13 @@ import pyarrow as pa
 
 from connectors import registry
 from connectors.base import (
+    Capability,
     Connection,
     ScanRequest,
     Source,
     SourceError,
     UnknownObjectError,
+    as_capabilities,
     open_connection,
 )
 from dsl.errors import DslError, Span, did_you_mean
@@ -72,12 +74,12 @@ def _missing_driver(name: str, cc: Any, e: ImportError, span: Span | None) -> Ds
     )
 
 
-def _offline_capabilities(kind: str) -> frozenset[str]:
+def _offline_capabilities(kind: str) -> frozenset[Capability]:
     """What a kind's sources can do, planned without opening them (``connectors.registry``)."""
     try:
         return registry.spec(kind).capabilities
     except (KeyError, ImportError):
-        return frozenset({"projection"})
+        return frozenset({Capability.PROJECTION})
 
 
 def _objects_noun(kind: str) -> str:
@@ -97,7 +99,7 @@ class DeclaredSource(Source):
     """A source known only by its declared schema (offline planning, or a dataset whose
     materialized store is not attached to this process). ``scan`` raises."""
 
-    def __init__(self, uri: str, schema: pa.Schema, capabilities: frozenset[str]):
+    def __init__(self, uri: str, schema: pa.Schema, capabilities: frozenset[Capability]):
         super().__init__(uri)
         self._schema = schema
         self.capabilities = capabilities  # type: ignore[misc]
@@ -306,7 +308,9 @@ class Catalog:
                 span,
                 e.hint or "check that the server is up, or validate with --offline",
             ) from None
-        caps = frozenset(getattr(src, "capabilities", frozenset({"projection"})))
+        caps = as_capabilities(
+            getattr(src, "capabilities", {Capability.PROJECTION}), f"source {uri}"
+        )
         return SourceView(uri, kind, schema, caps, src)
 
     def _dataset(self, name: str, uri: str, span: Span | None) -> SourceView:
@@ -324,7 +328,8 @@ class Catalog:
             return SourceView(
                 uri, "dataset", dc.schema, caps, DeclaredSource(uri, dc.schema, caps), dc
             )
-        caps = frozenset(getattr(src, "capabilities", frozenset())) | {"vector_search"}
+        caps = as_capabilities(getattr(src, "capabilities", ()), f"source {uri}")
+        caps |= {Capability.VECTOR_SEARCH}
         return SourceView(uri, "dataset", src.schema(), caps, src, dc)
 
     # ---- execution hooks

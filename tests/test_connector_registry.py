@@ -146,3 +146,90 @@ def test_builtin_offline_capabilities_are_the_sources_own() -> None:
     }
     for kind, cls in by_kind.items():
         assert registry.spec(kind).capabilities == cls.capabilities, kind
+
+
+def test_capabilities_are_the_enum_and_unknown_names_are_refused(third_party: str) -> None:
+    """A class may name its capabilities as strings; the registry keeps them as Capability
+    members, and a name the fabric does not know is refused naming the known ones."""
+    from connectors.base import Capability, Connection
+
+    caps = registry.spec("counting").capabilities  # the entry point declared strings
+    assert caps == {Capability.PROJECTION, Capability.LIMIT}
+    assert all(isinstance(c, Capability) for c in caps)
+
+    class Vague(Connection):
+        capabilities = frozenset({"projection", "vectors"})  # type: ignore[arg-type]
+
+    with pytest.raises(ValueError, match=r"capability 'vectors'.*known capabilities: projection"):
+        registry.register_connection("vague", Vague)
+    assert "vague" not in registry.kinds()
+
+
+INLINE_MODULE = """
+import pyarrow as pa
+
+from connectors.base import Capability, Connection, Source
+
+
+class Rows(Source):
+    capabilities = frozenset({Capability.PROJECTION})
+
+    def schema(self):
+        return pa.schema([("id", pa.int64())])
+
+    def scan(self, request):
+        yield from pa.table({"id": [1, 2, 3]}).to_batches()
+
+
+class LocalRows(Rows):
+    capabilities = frozenset({Capability.PROJECTION, Capability.IN_PROCESS})
+
+
+class Local(Connection):
+    capabilities = LocalRows.capabilities  # what its sources do, planned offline
+
+    def source(self, obj, options=None):
+        return LocalRows(f"{self.kind}://{self.name}/{obj}")
+
+
+class Remote(Connection):
+    capabilities = Rows.capabilities
+
+    def source(self, obj, options=None):
+        return Rows(f"{self.kind}://{self.name}/{obj}")
+"""
+
+
+def test_inline_kinds_come_from_the_registry(tmp_path: Path) -> None:
+    """The physical planner runs a lone unit on the caller's thread when its source has
+    IN_PROCESS (built-in: memory, dataset), else on the scan pool; the registry's inline
+    kinds are the classes declaring it."""
+    assert {"memory", "dataset"} <= registry.inline_kinds()
+    assert not {"kafka", "mysql", "s3", "mongo"} & registry.inline_kinds()
+    mod = f"fabric_inline_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{mod}.py").write_text(INLINE_MODULE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        m = __import__(mod)
+        registry.register_connection("localrows", m.Local)
+        registry.register_connection("remoterows", m.Remote)
+        assert "localrows" in registry.inline_kinds()
+        assert "remoterows" not in registry.inline_kinds()
+        (tmp_path / "agents").mkdir()
+        (tmp_path / "fabric.yaml").write_text(
+            "connections:\n  l: {kind: localrows}\n  r: {kind: remoterows}\nbindings: [agents/]\n"
+        )
+        for name, uri in (("loc", "localrows://l/t"), ("rem", "remoterows://r/t")):
+            (tmp_path / "agents" / f"{name}.yaml").write_text(
+                f"binding: {name}\nsources:\n  t:\n    from: {uri}\nselect: [t.id]\n"
+            )
+        with fabric.open(tmp_path / "fabric.yaml", ingest=False, watch=False) as fab:
+            assert "inline on the caller's thread" in fab.explain("loc")
+            assert "on the scan pool" in fab.explain("rem")
+            assert fab.query("loc").table.column("id").to_pylist() == [1, 2, 3]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(mod, None)
+        for kind in ("localrows", "remoterows"):
+            registry._KINDS.pop(kind, None)
+            registry._CLASSES.pop(kind, None)

@@ -14,7 +14,7 @@ from fixtures.optimizer import world
 from fixtures.optimizer.scenario_data import textbook_geohash as ref_geohash
 from fixtures.optimizer.world import NOW, C, eq, lit
 
-from connectors.base import Pushdown, SourceError, Watermark
+from connectors.base import Capability, Pushdown, SourceError, Watermark
 from dsl.ast import Binary, Call, Column, Literal, Param, SortKey
 from fabric.execute import QueryError, execute
 from fabric.optimizer import optimize
@@ -174,7 +174,8 @@ def test_timeout_names_the_source(tables) -> None:
     release, returned = threading.Event(), threading.Event()
 
     class Slow(world.Picky):
-        in_process = False  # stands for a network source: its unit runs on the scan pool
+        # stands for a network source (no IN_PROCESS): its unit runs on the scan pool
+        capabilities = world.Picky.capabilities - {Capability.IN_PROCESS}
 
         def scan(self, request):
             release.wait(10)

@@ -4,7 +4,8 @@
 
 - each source's Scan / VectorSearch and the Filter/Derive chain right above it is a
   ``SourceUnit``; it runs on the shared scan pool, except a plan's lone unit over an
-  in-process source (``dataset://``, ``memory://``, or a source saying ``in_process``),
+  in-process source (one whose capabilities hold ``Capability.IN_PROCESS``: ``dataset://``,
+  ``memory://``; planned offline, a kind ``connectors.registry.inline_kinds()`` names),
   which runs on the caller's thread. A unit whose dynamic filters take keys from other
   units depends on them; units are ordered key producers first;
   a Filter / Derive using a stage whose scans take keys from a unit (a correlated
@@ -60,10 +61,6 @@ from fabric.plan.nodes import (
     VectorSearch,
     WithStages,
 )
-
-INLINE_KINDS = frozenset({"dataset", "memory"})
-"""URI kinds whose sources work in process (no network I/O): a single-unit plan over one
-of them runs on the caller's thread. A source can say otherwise with ``in_process``."""
 
 NOW_PARAM = "__now"
 
@@ -296,15 +293,21 @@ class _Planner:
 
 
 def _in_process(catalog: Any, uri: str) -> bool:
-    flag = None
+    """Whether ``uri``'s source scans in this process (no network I/O): the source's
+    capabilities hold ``IN_PROCESS``; without a source to ask, its kind is one of the
+    registry's inline kinds (``connectors.registry.inline_kinds``)."""
+    from connectors.base import Capability
+    from connectors.registry import inline_kinds
+
+    caps = None
     if catalog is not None:
         try:
-            flag = getattr(catalog.source(uri), "in_process", None)
+            caps = getattr(catalog.source(uri), "capabilities", None)
         except Exception:  # the unit reports it when it runs (same error, same place)
-            flag = None
-    if flag is not None:
-        return bool(flag)
-    return uri.partition("://")[0] in INLINE_KINDS
+            caps = None
+    if caps is not None:
+        return Capability.IN_PROCESS in caps
+    return uri.partition("://")[0] in inline_kinds()
 
 
 def _swap(root: Physical, old: Physical, new: Physical) -> Physical:
