@@ -41,6 +41,7 @@ __all__ = ["Cluster", "RayUnavailable", "acquire", "current", "release"]
 # Ray's session directory holds unix sockets (<temp>/session_<date>_<pid>/sockets/raylet);
 # their path must fit in sockaddr_un (107 bytes)
 _MAX_TEMP_DIR = 60
+START_ATTEMPTS = 3
 
 
 class RayUnavailable(RuntimeError):
@@ -147,15 +148,23 @@ def _start(data_dir: Path, num_cpus: int, address: str | None) -> Cluster:
         Config.initialize("")
     temp = _temp_dir(data_dir.resolve())
     temp.mkdir(parents=True, exist_ok=True)
-    try:
-        ray.init(
-            num_cpus=num_cpus,
-            _temp_dir=str(temp),
-            _node_ip_address="127.0.0.1",
-            **kw,
-        )
-    except Exception as e:
-        raise RayUnavailable(f"the local Ray cluster did not start: {e}") from e
+    for attempt in range(START_ATTEMPTS):
+        try:
+            ray.init(
+                num_cpus=num_cpus,
+                _temp_dir=str(temp),
+                _node_ip_address="127.0.0.1",
+                **kw,
+            )
+            break
+        except Exception as e:
+            # Ray gives its raylet a fixed 30 s to register: a loaded machine misses it
+            with contextlib.suppress(Exception):
+                ray.shutdown()  # the processes this attempt started
+            if attempt + 1 == START_ATTEMPTS:
+                raise RayUnavailable(
+                    f"the local Ray cluster did not start ({START_ATTEMPTS} attempts): {e}"
+                ) from e
     pids: list[int] = []
     node = getattr(ray._private.worker, "_global_node", None)
     for infos in getattr(node, "all_processes", {}).values():

@@ -1,0 +1,65 @@
+"""TPC-H on executor: ray: all 22 queries give DuckDB's answer and local mode's table.
+
+The data and harness are tests/test_tpch.py's (benchmarks/tpch: lineitem as 4 Parquet
+files in S3, orders + customer in MariaDB, part/partsupp/supplier in PostgreSQL, nation in
+MongoDB, region in Kafka). The Ray fabric sends every scan it can split to Ray
+(``min_rows: 0``): lineitem by files, orders / customer / part / partsupp / supplier by
+primary-key ranges, nation by ``_id`` ranges (when its ids are ObjectIds or integers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.tpch import harness as H
+from benchmarks.tpch import load
+from benchmarks.tpch.queries import QUERIES, Vocab
+from tests import ray_support
+from tests.test_tpch import SF
+
+pytestmark = [pytest.mark.ray, pytest.mark.servers, pytest.mark.slow]
+
+ray_cluster = ray_support.ray_cluster
+
+
+@pytest.fixture(scope="module")
+def tpch_ray(servers, mariadb_url, pg_url, mongo_url, kafka_bootstrap, s3, ray_cluster):
+    import fabric
+
+    data = load.prepare(SF, servers)
+    local = H.open_fabric(data)
+    on_ray = fabric.open(
+        str(H.CONFIG), ingest=False, watch=False, executor={"kind": "ray", "min_rows": 0}
+    )
+    try:
+        assert on_ray.executor.cluster is ray_cluster
+        yield data, local, on_ray, H.reference(data), Vocab.of(data.tables)
+    finally:
+        on_ray.close()
+        local.close()
+
+
+@pytest.mark.parametrize("name", H.all_queries())
+def test_tpch_on_ray_equals_duckdb_and_local_mode(tpch_ray, name) -> None:
+    _data, local, on_ray, ref, vocab = tpch_ray
+    q = QUERIES[name]
+    params = q.params(SF, None, vocab)
+    session = H.session_values(name, params)
+    got = H.run_binding(on_ray, H.compile_binding(on_ray, name), session)
+    verdict, why = H.compare(H.run_reference(ref, q, params), got.table, q.order)
+    assert verdict == "ok", f"{name} {params}: {verdict}: {why}"
+    mine = H.run_binding(local, H.compile_binding(local, name), session)
+    assert got.table.equals(mine.table), name
+    for alias, s in got.stats["sources"].items():  # every lineitem scan that read rows
+        if s["uri"].startswith("s3://") and s["rows"]:
+            assert s.get("ray", {}).get("split") == "files", (name, alias, s)
+
+
+def test_lineitem_and_orders_scans_ran_as_tasks(tpch_ray) -> None:
+    _data, _local, on_ray, _ref, vocab = tpch_ray
+    q = QUERIES["q03"]
+    got = H.run_binding(
+        on_ray, H.compile_binding(on_ray, "q03"), H.session_values("q03", q.params(SF, None, vocab))
+    )
+    ray = {a: s.get("ray") for a, s in got.stats["sources"].items()}
+    assert ray["l"]["split"] == "files" and ray["l"]["tasks"] == 2, ray
+    assert ray["o"]["split"] == "range" and ray["o"]["tasks"] == 2, ray
