@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -382,4 +384,84 @@ def test_hybrid_binding_fuses_both_arms(tmp_path) -> None:
         entry = res.stats["sources"]["d"]
         assert entry["strategy"].startswith("vector ") and "+ keyword " in entry["strategy"]
         assert entry["strategy"].endswith("-> rrf")
+    ds.close()
+
+
+EXPLAIN_FIXTURE = Path(__file__).parent / "fixtures" / "ranking" / "explain_hybrid.txt"
+
+
+def _masked(text: str) -> str:
+    """Explain text without what varies from run to run (times, the total's line)."""
+    text = re.sub(r"\d+\.\d+ ?ms", "# ms", text)
+    text = re.sub(r"(?m)^(\s*observed: ).*$", r"\1...", text)  # the graph walk's pass rate
+    text = re.sub(r"(?m)^Result: .*$", "Result: ...", text)
+    return text
+
+
+def test_explain_analyze_of_a_hybrid_binding_fixture(tmp_path) -> None:
+    """The explain text (times masked) of a hybrid query on a fresh dataset: the plan,
+    then one Ranking block with each arm's alternatives and choice."""
+    from indexes.cost import CostModel
+
+    ds = make()
+    ds.cost_model = CostModel()  # the built-in unit costs, not this machine's calibration
+    ds.upsert(docs(np.arange(0, 3000), 21))
+    ds.flush()
+    v = np.random.default_rng(2).standard_normal(DIM).astype(np.float32)
+    with _fab(tmp_path, ds, HYBRID_BINDING) as fab:
+        text = _masked(fab.explain("hy", session={"q": "fed oil", "v": v}, analyze=True))
+    ds.close()
+    if os.environ.get("FABRIC_UPDATE_FIXTURES") == "1" or not EXPLAIN_FIXTURE.exists():
+        EXPLAIN_FIXTURE.parent.mkdir(parents=True, exist_ok=True)
+        EXPLAIN_FIXTURE.write_text(text + "\n")
+    assert text == EXPLAIN_FIXTURE.read_text().rstrip("\n")
+
+
+def test_rank_with_one_arm_and_registered_dataset_errors(tmp_path) -> None:
+    ds = make()
+    ds.upsert(docs(np.arange(0, 500), 31))
+    ds.flush()
+    now = dt.datetime.now(dt.UTC)
+    # rank: on the keyword arm alone: RRF of the BM25 order, decayed by age
+    t, _info = rank(
+        ds,
+        text=("body", "fed", 15),
+        fusion=Fusion(recency="ts", half_life_s=3600.0 * 24),
+        columns=["id", "ts"],
+        params={"__now": now},
+    )
+    kids, _, _ = keyword_search(ds, "body", "fed", 15, None, {})
+    keys = ds._scalar_table().column("id").take(pa.array(kids)).to_pylist()
+    ts = dict(zip(t.column("id").to_pylist(), t.column("ts").to_pylist()))
+    ref = sorted(
+        (1 / (60 + r) * 0.5 ** ((now - ts[key]).total_seconds() / 86400.0))
+        for r, key in enumerate(keys, start=1)
+    )[::-1]
+    assert t.column("_score").to_pylist() == pytest.approx(ref, rel=1e-12)
+    assert "_distance" not in t.column_names and "_bm25" in t.column_names
+    # a where on _score applies to the rows the search returned
+    binding = KEYWORD_BINDING.replace(
+        "    where: cl != {{session.c}}\n",
+        "    where:\n      - cl != {{session.c}}\n      - _score > 2.0\n",
+    )
+    with _fab(tmp_path, ds, binding) as fab:
+        res = fab.query("kw", session={"q": "fed rates", "c": 1})
+        ref2 = sorted(reference(ds, "fed rates", lambda r: r["cl"] != 1).values(), reverse=True)[:8]
+        assert res.table.column("_score").to_pylist() == pytest.approx(
+            [s for s in ref2 if s > 2.0], rel=1e-12
+        )
+    # a registered dataset (no fabric.yaml declaration) without an inverted index on the
+    # column: the binding's error names the index to declare, at the column's position
+    (tmp_path / "b.yaml").unlink()
+    bad = KEYWORD_BINDING.replace("column: body", "column: cl").replace(
+        "binding: kw", "binding: bad"
+    )
+    with _fab(tmp_path, ds, bad) as fab:
+        diags = fab.validate()
+    msg = "\n".join(d.format() for d in diags)
+    assert (
+        "b.yaml:6:22: search column 'cl' has no inverted index in dataset://r (it has a btree index)"
+        in msg
+    )
+    assert "indexes: {cl: inverted}" in msg and "inverted columns now: body" in msg
     ds.close()
