@@ -1,5 +1,9 @@
 """One finished run -> OpenTelemetry spans (on the tracing worker's thread).
 
+The spans are built as finished ``ReadableSpan``s (the figures are known once the run is
+over) and handed to the processors directly: a third of the cost of the SDK's live span
+machinery, with the same objects reaching the ring buffer and the OTLP exporter.
+
 Span tree: ``query <binding>`` (the whole run) with one child per plan operator that
 recorded figures, nested as in the plan; a source's leaf operator (``Scan m``,
 ``VectorSearch d``) carries what the source did, and a ``freshness wait <alias>`` child
@@ -8,10 +12,11 @@ covers the time spent waiting for fresh data. Attribute names are in docs/tracin
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from fabric.tracing.cost import QueryCost, connection_of
 from fabric.tracing.tracer import A_BINDING, A_SESSION, A_VALUE, A_VERSION, plan_text
@@ -23,8 +28,16 @@ def _ns(wall0: int, perf0: float, p: float) -> int:
     return wall0 + int((p - perf0) * 1e9)
 
 
-def _strs(v: Any) -> list[str]:
-    return [str(x) for x in v]
+def _strs(v: Any) -> tuple[str, ...]:
+    return tuple(str(x) for x in v)
+
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_OK = Status(StatusCode.UNSET)
+
+
+def _context(trace_id: int) -> SpanContext:
+    return SpanContext(trace_id, random.getrandbits(64) or 1, False, _SAMPLED)
 
 
 def emit(
@@ -74,8 +87,28 @@ def emit(
         cost.cache_hits += int(bool(s.get("cache_hit") or s.get("cached")))
     cost.wait_seconds = float(run.waited)
 
-    query = tracer.otel.start_span(f"query {binding}", start_time=wall0, attributes=attrs)
-    ctx = trace.set_span_in_context(query)
+    out: list[ReadableSpan] = []
+    resource, scope = tracer.resource, tracer.scope
+    trace_id = random.getrandbits(128) or 1
+    ctx = _context(trace_id)
+
+    def span(
+        name: str, c: SpanContext, parent: Any, t0: int, t1: int, a: dict, st: Status = _OK
+    ) -> None:
+        out.append(
+            ReadableSpan(
+                name,
+                context=c,
+                parent=parent,
+                resource=resource,
+                attributes=a,
+                status=st,
+                start_time=t0,
+                end_time=t1,
+                instrumentation_scope=scope,
+            )
+        )
+
     visited: set[int] = set()
     scan_alias = {id(u.leaf): a for a, u in pp.units.items()}
 
@@ -97,6 +130,8 @@ def emit(
             a["fabric.rows"] = int(s["rows"])
         if "time_ms" in s:
             a["fabric.time_ms"] = float(s["time_ms"])
+        else:  # compiled into its DuckDB query: timed with the query, not on its own
+            a["fabric.in_duckdb_query"] = True
         if kind == "UserFunction":
             secs = s.get("time_ms", 0.0) / 1000
             a["fabric.sandbox.seconds"] = secs
@@ -112,7 +147,7 @@ def emit(
             if "fabric.source.error" in a:
                 a["fabric.source.error"] = red.text(a["fabric.source.error"], session_params)
         name = f"{kind} {alias}" if alias else kind
-        span = tracer.otel.start_span(name, context=parent_ctx, start_time=clo, attributes=a)
+        mine = _context(trace_id)
         if alias is not None and alias in waits:
             w0, w1 = waits[alias]
             fa = freshness.get(alias) or {}
@@ -124,25 +159,23 @@ def emit(
             for k in ("lag_messages", "lag_seconds", "status"):
                 if fa.get(k) is not None:
                     wa[f"fabric.freshness.{k}"] = fa[k]
-            w = tracer.otel.start_span(
-                f"freshness wait {alias}", context=parent_ctx, start_time=ns(w0), attributes=wa
-            )
-            w.end(end_time=ns(w1))
-        return span, trace.set_span_in_context(span), clo, max(chi, clo)
+            span(f"freshness wait {alias}", _context(trace_id), parent_ctx, ns(w0), ns(w1), wa)
+        return (name, mine, parent_ctx, clo, a), mine, clo, max(chi, clo)
 
-    def close(span: Any, hi: int) -> None:
-        if span is not None:
-            span.end(end_time=hi)
+    def close(rec: Any, hi: int) -> None:
+        if rec is not None:
+            name, mine, parent, lo, a = rec
+            span(name, mine, parent, lo, hi, a)
 
     def walk_logical(node: Any, c: Any, lo: int, hi: int, inputs: dict[int, Any]) -> None:
         inp = inputs.get(id(node))
         if inp is not None:
             walk(inp, c, lo, hi)
             return
-        span, c, lo, hi = open_span(id(node), node, c, lo, hi)
+        rec, c, lo, hi = open_span(id(node), node, c, lo, hi)
         for child in node.children():
             walk_logical(child, c, lo, hi, inputs)
-        close(span, hi)
+        close(rec, hi)
 
     def walk(p: Any, c: Any, lo: int, hi: int) -> None:
         """The physical plan, top down: the spans nest as the operators ran."""
@@ -150,41 +183,36 @@ def emit(
         if kind == "SourceUnit":
             opened = []
             for n in (*p.chain, p.leaf):  # chain top first, then the scan / search
-                span, c, lo, hi = open_span(id(n), n, c, lo, hi)
-                opened.append((span, hi))
-            for span, h in reversed(opened):
-                close(span, h)
+                rec, c, lo, hi = open_span(id(n), n, c, lo, hi)
+                opened.append((rec, hi))
+            for rec, h in reversed(opened):
+                close(rec, h)
             return
         if kind == "DuckDBRegion":
             walk_logical(p.logical, c, lo, hi, {id(i.logical): i for i in p.inputs})
             return
-        span, c, lo, hi = open_span(id(p.logical), p.logical, c, lo, hi)
+        rec, c, lo, hi = open_span(id(p.logical), p.logical, c, lo, hi)
         for child in (*getattr(p, "stages", ()), getattr(p, "input", None)):
             if child is not None:
                 walk(child, c, lo, hi)
-        close(span, hi)
+        close(rec, hi)
 
     walk(pp.root, ctx, wall0, end_ns)
     for key in list(node_stats):  # recorded but not reached from the root (none known)
-        span, _, _, hi = open_span(key, None, ctx, wall0, end_ns)
-        close(span, hi)
+        rec, _, _, hi = open_span(key, None, ctx, wall0, end_ns)
+        close(rec, hi)
     # waits of a source whose unit never recorded (the wait timed out: the query failed)
     for alias, (w0, w1) in waits.items():
         leaf = pp.units[alias].leaf if alias in pp.units else None
         if leaf is not None and id(leaf) in visited:
             continue
-        w = tracer.otel.start_span(
-            f"freshness wait {alias}",
-            context=ctx,
-            start_time=ns(w0),
-            attributes={
-                "fabric.source.alias": alias,
-                "fabric.wait.seconds": w1 - w0,
-                "fabric.wait.reason": "waiting_for_fresh_data",
-                **({"fabric.source.uri": leaf.uri} if leaf is not None else {}),
-            },
-        )
-        w.end(end_time=ns(w1))
+        wa = {
+            "fabric.source.alias": alias,
+            "fabric.wait.seconds": w1 - w0,
+            "fabric.wait.reason": "waiting_for_fresh_data",
+            **({"fabric.source.uri": leaf.uri} if leaf is not None else {}),
+        }
+        span(f"freshness wait {alias}", _context(trace_id), ctx, ns(w0), ns(w1), wa)
 
     cost.finish(prices)
     q: dict[str, Any] = {
@@ -199,18 +227,20 @@ def emit(
         "fabric.cost.price": cost.price,
         "fabric.partial": bool(run.partial),
     }
-    stale = [a for a, f in freshness.items() if f.get("status") == "stale"]
+    stale = tuple(a for a, f in freshness.items() if f.get("status") == "stale")
     if stale:
         q["fabric.stale"] = stale
     if res is not None:
         q["fabric.rows"] = int(res.table.num_rows)
-    query.set_attributes(q)
+    attrs.update(q)
+    status = _OK
     if err is not None:
         msg = red.text(f"{type(err).__name__}: {err}", session_params)
-        query.set_attribute("fabric.error", msg)
-        query.set_status(Status(StatusCode.ERROR, msg))
-    query.end(end_time=end_ns)
+        attrs["fabric.error"] = msg
+        status = Status(StatusCode.ERROR, msg)
+    span(f"query {binding}", ctx, None, wall0, end_ns, attrs, status)
     tracer.costs.add(sid, binding, cost, failed=err is not None)
+    tracer.deliver(out)
 
 
 def _source_attrs(alias: str, s: dict[str, Any] | None, f: dict[str, Any] | None) -> dict[str, Any]:

@@ -232,6 +232,12 @@ def render_svg(tl: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _took(o: dict[str, Any]) -> str:
+    if o["attributes"].get("fabric.in_duckdb_query"):
+        return "(in the DuckDB query)"
+    return f"{o['duration_ms']:.2f}"
+
+
 def render_html(tl: dict[str, Any]) -> str:
     """One self-contained page: the chart, then each query's figures and plan."""
     e = html.escape
@@ -240,7 +246,7 @@ def render_html(tl: dict[str, Any]) -> str:
         ops = "".join(
             f"<tr><td style='padding-left:{8 + 14 * o['depth']}px'>{e(o['name'])}</td>"
             f"<td>{e(str(o['attributes'].get('fabric.rows', '')))}</td>"
-            f"<td>{o['duration_ms']:.2f}</td>"
+            f"<td>{_took(o)}</td>"
             f"<td>{e(str(o['attributes'].get('fabric.source.bytes', '')))}</td>"
             f"<td>{e(str(o['attributes'].get('fabric.freshness.status', '')))}</td></tr>"
             for o in q["operators"]
@@ -305,9 +311,15 @@ def render_text(tl: dict[str, Any]) -> str:
                     f" {a['fabric.source.uri']} fetched={a.get('fabric.source.rows')} rows/"
                     f"{a.get('fabric.source.bytes')} B freshness={a.get('fabric.freshness.status')}"
                 )
+            rows = a.get("fabric.rows")
+            took = (
+                "in the DuckDB query above"
+                if a.get("fabric.in_duckdb_query")
+                else f"{o['duration_ms']:.2f} ms"
+            )
             lines.append(
-                f"    {'  ' * o['depth']}{o['name']}: rows={a.get('fabric.rows')} "
-                f"{o['duration_ms']:.2f} ms{extra}"
+                f"    {'  ' * o['depth']}{o['name']}: rows={'-' if rows is None else rows} "
+                f"{took}{extra}"
             )
     t = tl["cost"]["total"]
     lines.append(

@@ -91,16 +91,15 @@ class Tracer:
 
     def __init__(self, config: TracingConfig | None = None, *, hash_key: bytes | None = None):
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-        self.config = config or TracingConfig()
-        self.provider = TracerProvider(
-            resource=Resource.create({"service.name": self.config.service_name})
-        )
         from fabric.tracing.ring import RingBuffer
 
+        self.config = config or TracingConfig()
+        self.resource = Resource.create({"service.name": self.config.service_name})
+        self.scope = InstrumentationScope("fabric.tracing")
         self.ring = RingBuffer(self.config.ring_spans)
-        self.provider.add_span_processor(self.ring)
+        self.processors: list[Any] = [self.ring]  # SpanProcessors: on_end(span) each
         self.exporter: Any = None
         if self.config.otlp_endpoint:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -109,8 +108,7 @@ class Tracer:
             self.exporter = OTLPSpanExporter(
                 endpoint=self.config.otlp_endpoint, headers=dict(self.config.otlp_headers)
             )
-            self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
-        self.otel = self.provider.get_tracer("fabric")
+            self.processors.append(BatchSpanProcessor(self.exporter))
         self.redactor = Redactor(self.config, hash_key)
         self.costs = CostBook(self.config.prices, self.config.max_sessions)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -161,6 +159,12 @@ class Tracer:
                 self.errors += 1
                 log.exception("fabric tracing: could not record a query's spans")
 
+    def deliver(self, spans: list[Any]) -> None:
+        """Finished spans (children first) to every processor."""
+        for p in self.processors:
+            for sp in spans:
+                p.on_end(sp)
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every query finished so far is in the ring buffer (and handed to the
         OTLP exporter, which is flushed too)."""
@@ -169,7 +173,7 @@ class Tracer:
             self._queue.put(done)
             if not done.wait(timeout):
                 return False
-        return bool(self.provider.force_flush(int(timeout * 1000)))
+        return all(p.force_flush(int(timeout * 1000)) for p in self.processors)
 
     def close(self) -> None:
         if self._closed:
@@ -179,7 +183,8 @@ class Tracer:
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(5)
-        self.provider.shutdown()
+        for p in self.processors:
+            p.shutdown()
 
     # ---- reading
     def spans(self) -> list[Any]:
