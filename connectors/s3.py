@@ -15,7 +15,13 @@ named ``key=value`` are hive partitions and become columns.
 
 Every filter pyarrow can evaluate is EXACT: the scanner applies it fully. Before reading,
 partition filters drop whole files and Parquet row-group statistics drop row groups; the
-counts are in ``last_scan`` (files/row groups total and read, rows returned).
+counts are in ``last_scan`` (files/row groups total and read, rows returned, ``reader``).
+
+Plain Parquet files (no hive partitions, no declared schema, no zoneless timestamps, the
+same schema in every file) are decoded by DuckDB's Parquet reader (``connectors/
+s3_duckdb.py``: it filters before it decodes the other columns, 2-3x less CPU than
+pyarrow on TPC-H lineitem); the filters DuckDB would evaluate differently are applied by
+pyarrow to its output. ``parquet_reader: pyarrow`` in the connection turns it off.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import pyarrow.csv
 import pyarrow.dataset as ds
 from pyarrow import fs as pafs
 
+from connectors import s3_duckdb
 from connectors._util import (
     BadValueError,
     apply_locally,
@@ -132,7 +139,7 @@ class S3Source(Source):
         self.conn = conn
         self.obj = obj
         self.options = dict(options)
-        self.last_scan: dict[str, int] = {}
+        self.last_scan: dict[str, Any] = {}
         self._files: list[pafs.FileInfo] = []
         self._dataset: ds.FileSystemDataset | None = None
         self._stats: Statistics | None = None
@@ -254,6 +261,17 @@ class S3Source(Source):
         except (OSError, pa.ArrowException) as exc:
             raise self.conn.error(exc, self.obj) from exc
         self._files, self._dataset, self._stats, self._fmt = files, dataset, None, fmt
+        # DuckDB decodes plain Parquet files (the same schema in every file, read as is)
+        self._duck: bool | None = (
+            None
+            if self.format == "parquet"
+            and not hive
+            and not declared
+            and not naive
+            and self.conn.parquet_reader == "duckdb"
+            and all(s3_duckdb.plain_path(f.path) for f in files)
+            else False
+        )
 
     @property
     def dataset(self) -> ds.FileSystemDataset:
@@ -333,7 +351,8 @@ class S3Source(Source):
         pred = and_all([f for f in request.filters if f not in post])
         expr = to_arrow(pred, params, now=utcnow(), schema=schema) if pred is not None else None
         read = list(dict.fromkeys([*cols, *sorted(c.name for f in post for c in f.columns())]))
-        stats = {
+        stats: dict[str, Any] = {
+            "reader": "pyarrow",
             "files_total": len(self._files),
             "files_read": 0,
             "row_groups_total": 0,
@@ -354,6 +373,9 @@ class S3Source(Source):
                     stats["row_groups_total"] += f.metadata.num_row_groups
                     pieces.extend(_row_groups(f, expr, schema))
                 stats["row_groups_read"] = len(pieces)
+                if frags and self._duck_ok(frags):
+                    yield from self._duck_scan(frags, cols, request, params, stats)
+                    return
                 frags = pieces
             target = ds.FileSystemDataset(
                 frags, schema=schema, format=self._fmt, filesystem=self.conn.fs
@@ -380,6 +402,52 @@ class S3Source(Source):
             raise
         except (OSError, pa.ArrowException) as exc:
             raise self.conn.error(exc, self.obj) from exc
+
+    def _duck_ok(self, frags: list[Any]) -> bool:
+        """Whether DuckDB reads these files as pyarrow would: every file has the dataset's
+        schema (checked once per listing, from the cached footers)."""
+        if self._duck is None:
+            want = self.schema()
+            self._duck = all(
+                f.physical_schema.remove_metadata() == want.remove_metadata()
+                for f in self.dataset.get_fragments()
+            )
+        return self._duck
+
+    def _duck_scan(
+        self,
+        frags: list[Any],
+        cols: list[str],
+        request: ScanRequest,
+        params: Mapping[str, Any],
+        stats: dict[str, Any],
+    ) -> Iterator[pa.RecordBatch]:
+        stats["reader"] = "duckdb"
+        files = self.conn.duck_files()
+        if files is None:
+            urls = [f.path for f in frags]
+        else:
+            files.know(self._files)
+            urls = [files.url(f.path) for f in frags]
+        now = utcnow()
+        schema = self.schema()
+        try:
+            table, left = s3_duckdb.scan(
+                urls, cols, list(request.filters), params, schema, now, request.limit
+            )
+        except s3_duckdb.DuckError as exc:  # a read failed: the store, as for pyarrow
+            raise self.conn.error(OSError(str(exc).strip()), self.obj) from exc
+        rest = and_all(left)
+        if rest is not None:  # the filters DuckDB does not evaluate as pyarrow does
+            table = table.filter(to_arrow(rest, params, now=now, schema=schema))
+            if request.limit is not None:
+                table = table.slice(0, max(request.limit, 0))
+        table = table.select(cols)
+        stats["rows"] = table.num_rows
+        if table.num_rows == 0:
+            yield pa.RecordBatch.from_pylist([], schema=table.schema)
+            return
+        yield from table.to_batches(max_chunksize=request.batch_size)
 
 
 def _utc(v: Any) -> Any:
@@ -415,6 +483,23 @@ class S3Connection(Connection):
                 raise ValueError(f"connection {name!r}: an s3 connection needs 'bucket'")
             self.base = str(options["bucket"]).strip("/")
         self._fs: pafs.FileSystem | None = None
+        self._duck_files: s3_duckdb.ObjectFiles | None = None
+        reader = str(options.get("parquet_reader", "duckdb"))
+        if reader not in ("duckdb", "pyarrow"):
+            raise ValueError(
+                f"connection {name!r}: parquet_reader is {reader!r}; use duckdb or pyarrow"
+            )
+        self.parquet_reader = reader
+
+    def duck_files(self) -> s3_duckdb.ObjectFiles | None:
+        """The objects as DuckDB reads them (None for a local root: DuckDB reads the
+        files itself)."""
+        if self.local:
+            return None
+        if self._duck_files is None:
+            self._duck_files = s3_duckdb.ObjectFiles(self.fs)
+        self._duck_files.register(s3_duckdb._connection())
+        return self._duck_files
 
     def uri(self, obj: str = "") -> str:
         return f"{'file' if self.local else 's3'}://{self.name}/{obj}"

@@ -1,0 +1,394 @@
+"""Parquet objects decoded by DuckDB's Parquet reader instead of pyarrow's.
+
+pyarrow decodes every row of every projected column before it filters (600k TPC-H
+lineitem rows x 4 DECIMAL columns: ~85 ms of CPU); DuckDB's reader evaluates the pushed
+filters column by column and decodes the other columns only for the rows that pass
+(~25 ms for the same Q6 scan, the same as DuckDB's httpfs does for the federated peer).
+The bytes still come through the connection's pyarrow S3 file system (no DuckDB
+extension, same credentials and endpoint): DuckDB sees the objects through a small
+fsspec file system that reads byte ranges with ``read_at`` on one open handle per object.
+
+Only the footers are cached across queries (the last 64 KiB of each object, keyed by
+(path, size, mtime) as listed at the start of every scan); data is read from the store
+every time (DuckDB's own external file cache is turned off on this connection).
+
+Filters DuckDB evaluates here are the ones whose meaning is the same in DuckDB and in
+pyarrow: a column of an integer, DECIMAL, date, zoned timestamp, string or boolean type
+compared with a constant of its type (=, !=, <, <=, >, >=, BETWEEN, IN of constants,
+IS [NOT] NULL), and AND / OR / NOT of those. Every other filter (floats: DuckDB orders
+NaN above every number, pyarrow compares it false; LIKE; functions; arithmetic over
+columns) is applied by pyarrow to DuckDB's output, exactly as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import decimal
+import io
+import itertools
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyarrow import fs as pafs
+
+from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant
+from dsl.ast import Between, Binary, Column, Expr, InList, IsNull, Unary
+
+_TAIL = 64 * 1024
+_GLOB = set("*?[{")
+_lock = threading.Lock()
+_con: Any = None
+_ids = itertools.count()
+
+
+class DuckError(Exception):
+    """DuckDB could not read an object (the store failed or the file is damaged)."""
+
+
+def _connection() -> Any:
+    global _con
+    with _lock:
+        if _con is None:
+            import duckdb
+
+            con = duckdb.connect()
+            con.execute("SET TimeZone = 'UTC'")
+            # no data cache: every scan reads the objects as they are now (an older
+            # DuckDB has no such cache nor setting)
+            with contextlib.suppress(duckdb.Error):
+                con.execute("SET enable_external_file_cache = false")
+            _con = con
+        return _con
+
+
+# ---------------------------------------------------------------------- the objects
+
+
+class _Object(io.RawIOBase):
+    """One object as DuckDB reads it: seek + read of byte ranges. DuckDB's threads share
+    one handle and seek then read: the position is kept per thread."""
+
+    def __init__(self, files: ObjectFiles, path: str):
+        super().__init__()
+        self.files = files
+        self.path = path
+        self.key = files.key(path)
+        self.size = self.key[1]
+        self._pos = threading.local()
+
+    @property
+    def pos(self) -> int:
+        return getattr(self._pos, "v", 0)
+
+    @pos.setter
+    def pos(self, v: int) -> None:
+        self._pos.v = v
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = base + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        pos = self.pos
+        if n is None or n < 0:
+            n = self.size - pos
+        n = max(0, min(n, self.size - pos))
+        self.pos = pos + n
+        return self.files.read(self.key, pos, n)
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def _fsspec_base() -> type:
+    from fsspec.spec import AbstractFileSystem
+
+    return AbstractFileSystem
+
+
+class ObjectFiles:
+    """The objects of one S3 connection as a DuckDB file system (``<protocol>://path``).
+
+    ``know(infos)`` records the sizes and modification times of a listing; a handle and
+    a footer are kept per (path, size, mtime) and dropped when the listing changes."""
+
+    def __init__(self, fs: pafs.FileSystem):
+        self.fs = fs
+        self.protocol = f"fabric{next(_ids)}"
+        self._known: dict[str, tuple[str, int, Any]] = {}
+        self._handles: dict[tuple[str, int, Any], Any] = {}
+        self._tails: dict[tuple[str, int, Any], bytes] = {}
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def know(self, infos: list[pafs.FileInfo]) -> None:
+        with self._lock:
+            for i in infos:
+                key = (i.path, int(i.size or 0), i.mtime)
+                old = self._known.get(i.path)
+                if old is not None and old != key:
+                    self._handles.pop(old, None)
+                    self._tails.pop(old, None)
+                self._known[i.path] = key
+
+    def key(self, path: str) -> tuple[str, int, Any]:
+        with self._lock:
+            k = self._known.get(path)
+        if k is None:
+            raise FileNotFoundError(path)
+        return k
+
+    def url(self, path: str) -> str:
+        return f"{self.protocol}://{path}"
+
+    def read(self, key: tuple[str, int, Any], start: int, n: int) -> bytes:
+        size = key[1]
+        if n == 0:
+            return b""
+        tail = self._tails.get(key)
+        if tail is not None and start >= size - len(tail):
+            off = start - (size - len(tail))
+            return tail[off : off + n]
+        if start + n == size and tail is None:  # the footer: keep the object's last 64 KiB
+            m = min(size, max(n, _TAIL))
+            tail = self._read(key, size - m, m)
+            self._tails[key] = tail
+            return tail[m - n :]
+        return self._read(key, start, n)
+
+    def _read(self, key: tuple[str, int, Any], start: int, n: int) -> bytes:
+        f = self._handles.get(key)
+        if f is None:
+            f = self.fs.open_input_file(key[0])
+            with self._lock:
+                f = self._handles.setdefault(key, f)
+        out = f.read_at(n, start)
+        while len(out) < n:  # a ranged GET may return fewer bytes than asked
+            more = f.read_at(n - len(out), start + len(out))
+            if not more:
+                raise OSError(f"{key[0]}: object ended at {start + len(out)} of {key[1]} bytes")
+            out += more
+        return bytes(out)
+
+    def register(self, con: Any) -> None:
+        with _lock:
+            if self._registered:
+                return
+            files = self
+
+            class _FS(_fsspec_base()):  # type: ignore[misc]
+                protocol = (files.protocol,)
+                cachable = False
+
+                @classmethod
+                def _strip_protocol(cls, path: Any) -> Any:
+                    return str(path).split("://", 1)[-1]
+
+                def info(self, path: str, **kw: Any) -> dict[str, Any]:
+                    p = self._strip_protocol(path)
+                    return {"name": p, "size": files.key(p)[1], "type": "file"}
+
+                def modified(self, path: str) -> Any:
+                    return files.key(self._strip_protocol(path))[2] or dt.datetime(
+                        1970, 1, 1, tzinfo=dt.UTC
+                    )
+
+                def _open(self, path: str, mode: str = "rb", **kw: Any) -> _Object:
+                    return _Object(files, self._strip_protocol(path))
+
+            con.register_filesystem(_FS())
+            self._registered = True
+
+
+# ---------------------------------------------------------------------- filters
+
+
+def _family(t: pa.DataType) -> str | None:
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        return "timestamp"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "bool"
+    return None
+
+
+def _fits(family: str, v: Any) -> bool:
+    """Whether the constant ``v`` compares with a column of ``family`` the same way in
+    DuckDB and pyarrow."""
+    if v is None:
+        return True
+    if family in ("int", "decimal"):
+        return (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 63) or (
+            isinstance(v, decimal.Decimal) and v.is_finite()
+        )
+    if family == "date":
+        return isinstance(v, dt.date) and not isinstance(v, dt.datetime)
+    if family == "timestamp":
+        return isinstance(v, dt.datetime) and v.tzinfo is not None
+    if family == "string":
+        return isinstance(v, str)
+    return family == "bool" and isinstance(v, bool)
+
+
+class Filters:
+    """DuckDB SQL for the filters it evaluates like pyarrow; values bound as ``$n``."""
+
+    def __init__(self, schema: pa.Schema, params: Mapping[str, Any], now: dt.datetime):
+        self.schema = schema
+        self.params = params
+        self.now = now
+        self.values: list[Any] = []
+
+    def bind(self, v: Any) -> str:
+        self.values.append(v)
+        return f"${len(self.values)}"
+
+    def column(self, e: Expr) -> tuple[str, str]:
+        if not isinstance(e, Column) or e.name not in self.schema.names:
+            raise NotTranslatable(f"{e} is not a column of the file")
+        fam = _family(self.schema.field(e.name).type)
+        if fam is None:
+            raise NotTranslatable(f"column {e.name} ({self.schema.field(e.name).type})")
+        return '"' + e.name.replace('"', '""') + '"', fam
+
+    def const(self, e: Expr, fam: str) -> str:
+        if not is_constant(e):
+            raise NotTranslatable(f"{e} is not a constant")
+        v = eval_constant(e, self.params, self.now)
+        if not _fits(fam, v):
+            raise NotTranslatable(f"{v!r} next to a {fam} column")
+        return "NULL" if v is None else self.bind(v)
+
+    def sql(self, e: Expr) -> str:
+        """The SQL of ``e``; NotTranslatable if any part is outside the shared subset."""
+        if isinstance(e, Binary) and e.op in ("and", "or"):
+            return f"({self.sql(e.left)} {e.op.upper()} {self.sql(e.right)})"
+        if isinstance(e, Unary) and e.op == "not":
+            return f"(NOT {self.sql(e.operand)})"
+        if isinstance(e, Binary) and e.op in ("=", "!=", "<", "<=", ">", ">="):
+            op = "<>" if e.op == "!=" else e.op
+            if isinstance(e.left, Column):
+                c, fam = self.column(e.left)
+                return f"({c} {op} {self.const(e.right, fam)})"
+            flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(op, op)
+            c, fam = self.column(e.right)
+            return f"({c} {flip} {self.const(e.left, fam)})"
+        if isinstance(e, Between) and not e.negated:
+            c, fam = self.column(e.expr)
+            return f"({c} BETWEEN {self.const(e.low, fam)} AND {self.const(e.high, fam)})"
+        if isinstance(e, IsNull):
+            c, _ = self.column(e.expr)
+            return f"({c} IS {'NOT ' if e.negated else ''}NULL)"
+        if isinstance(e, InList) and not e.negated:
+            c, fam = self.column(e.expr)
+            if isinstance(e.items, tuple | list):
+                values = [eval_constant(i, self.params, self.now) for i in e.items]
+            else:
+                values = list(self.params[e.items.name])
+            null = any(v is None for v in values)  # x IN (.., NULL) is NULL where no match
+            values = [v for v in values if v is not None]
+            if not all(_fits(fam, v) for v in values):
+                raise NotTranslatable(f"an IN list next to a {fam} column")
+            if len(values) <= 256:  # constants: DuckDB pushes them into the Parquet reader
+                items = [self.bind(v) for v in values] + (["NULL"] if null else [])
+                return f"({c} IN ({', '.join(items)}))" if items else "FALSE"
+            # a long list: pyarrow's hash lookup after DuckDB (a semi-join would not keep
+            # the files' row order); see ``range_of`` for the range pushed ahead of it
+            raise NotTranslatable("a long IN list")
+        raise NotTranslatable(f"{e} is left to pyarrow")
+
+    def range_of(self, e: Expr) -> str | None:
+        """For a top-level ``x IN (long list)``: ``x BETWEEN min AND max`` (the row groups
+        and rows outside it are skipped; pyarrow then applies the IN exactly)."""
+        if not isinstance(e, InList) or e.negated:
+            return None
+        c, fam = self.column(e.expr)
+        if isinstance(e.items, tuple | list):
+            values = [eval_constant(i, self.params, self.now) for i in e.items]
+        else:
+            values = list(self.params[e.items.name])
+        values = [v for v in values if v is not None]
+        if not values or not all(_fits(fam, v) for v in values):
+            return None
+        return f"({c} BETWEEN {self.bind(min(values))} AND {self.bind(max(values))})"
+
+
+def plain_path(path: str) -> bool:
+    """A path DuckDB reads as itself (read_parquet expands glob characters)."""
+    return not (_GLOB & set(path))
+
+
+def scan(
+    urls: list[str],
+    columns: list[str],
+    filters: list[Expr],
+    params: Mapping[str, Any],
+    schema: pa.Schema,
+    now: dt.datetime,
+    limit: int | None,
+) -> tuple[pa.Table, list[Expr]]:
+    """Read ``columns`` of the Parquet files ``urls`` with the filters DuckDB evaluates
+    like pyarrow; returns the table (also holding the columns of the filters left over,
+    which the caller applies) and those left-over filters."""
+    tr = Filters(schema, params, now)
+    where: list[str] = []
+    left: list[Expr] = []
+    for f in filters:
+        mark = len(tr.values)
+        try:
+            where.append(tr.sql(f))
+        except (NotTranslatable, KeyError, TypeError):
+            del tr.values[mark:]
+            left.append(f)
+            try:
+                r = tr.range_of(f)
+            except (NotTranslatable, KeyError, TypeError):
+                del tr.values[mark:]
+                r = None
+            if r is not None:
+                where.append(r)
+    read = list(dict.fromkeys([*columns, *sorted(c.name for f in left for c in f.columns())]))
+    cols = ", ".join('"' + c.replace('"', '""') + '"' for c in read) or "1 AS __fabric_one"
+    files = ", ".join(tr.bind(u) for u in urls)
+    sql = f"SELECT {cols} FROM read_parquet([{files}])"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    if limit is not None and not left:
+        sql += f" LIMIT {int(limit)}"
+    import duckdb
+
+    cur = _connection().cursor()
+    try:
+        table = cur.sql(sql, params=tr.values).to_arrow_table()
+    except duckdb.IOException as exc:
+        raise DuckError(str(exc)) from exc
+    finally:
+        cur.close()
+    if not read:
+        return table.select([]), left
+    return table.cast(pa.schema([schema.field(c) for c in read])), left
+
+
+__all__ = ["DuckError", "ObjectFiles", "plain_path", "scan"]
