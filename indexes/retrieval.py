@@ -325,7 +325,7 @@ def search(
     ftext = None if where is None else _fkey(where)
     info = RetrievalExplain(column=column, k=k, rows=n, filter=ftext)
     if where is not None and ftext is not None:
-        names = where.params()
+        names = _fparams(where)
         info.feedback_key = ftext + (
             "|" + repr(sorted((p, repr(params.get(p))) for p in names)) if names else ""
         )
@@ -346,9 +346,10 @@ def search(
             pred, cand = None, None
     info.candidates, info.candidates_exact = c, exact_count
     plan = _partition_plan(vi, pred)
+    memo: dict[Any, tuple[str, float]] = {}  # per pinned value: walk or exact, planned once
     alts = _costs(ds, vi, cm, pred, cand, c, n, k, ef, info.feedback_key)
     if plan is not None:
-        a = alts["partition"] = _partition_cost(vi, cm, plan, cand, c, n, k, ef)
+        a = alts["partition"] = _partition_cost(vi, cm, plan, cand, c, n, k, ef, memo)
         a.base_ms, a.cost_ms = a.cost_ms, a.cost_ms * cm.scale.get("partition", 1.0)
     if cm.scale:
         info.scale = dict(cm.scale)
@@ -360,9 +361,9 @@ def search(
     info.plan_ms = (time.perf_counter() - t0) * 1e3
     if graph_lock is not None and info.chosen in GRAPH_STRATEGIES:
         with graph_lock.read():  # counts read while planning may have moved: costs only
-            ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, plan)
+            ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, plan, memo)
     else:
-        ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, plan)
+        ids, d = _run(ds, vi, cm, q, k, ef, pred, cand, c, exact_count, info, plan, memo)
     if strategy is None and pred is not None:
         for s, p in ds.feedback.get(info.feedback_key, {}).items():
             if s != info.chosen:  # forget slowly, so a strategy that failed gets retried
@@ -411,6 +412,19 @@ def _fkey(where: Expr | None) -> str:
 
 
 _FKEYS: dict[Expr, str] = {}
+
+
+def _fparams(where: Expr) -> set[str]:
+    """The filter's session parameters (walking a 64-value ``in`` per query showed up)."""
+    names = _FPARAMS.get(where)
+    if names is None:
+        if len(_FPARAMS) > 1024:
+            _FPARAMS.clear()
+        names = _FPARAMS[where] = where.params()
+    return names
+
+
+_FPARAMS: dict[Expr, set[str]] = {}
 
 
 def _compiled(
@@ -554,12 +568,13 @@ def _run(
     exact_count: bool,
     info: RetrievalExplain,
     plan: tuple[list[Any], Pred | None] | None = None,
+    memo: dict[Any, tuple[str, float]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     s = info.chosen
     info.executed = s
     if s == "partition":
         if plan is not None:
-            return _partition(ds, vi, cm, q, k, ef, pred, cand, plan, info)
+            return _partition(ds, vi, cm, q, k, ef, pred, cand, plan, info, memo)
         info.guard = "no per-value graph answers this filter (declare hnsw partition=<column>)"
         s = info.executed = "prefilter"
     if s == "exact":
@@ -830,15 +845,17 @@ def _partition_cost(
     n: int,
     k: int,
     ef: int,
+    memo: dict[Any, tuple[str, float]] | None = None,
 ) -> Alternative:
     keys, rest = plan
+    memo = {} if memo is None else memo
     parts = vi.partitions
     assert parts is not None
     kp = _rest_kp(rest, k, n)
     walk = 0.0
     walked = 0
     for key in keys:
-        how, ms = _key_plan(vi, cm, key, rest, cand, kp, ef, n)
+        how, ms = memo[key] = _key_plan(vi, cm, key, rest, cand, kp, ef, n)
         if how:
             walked += how == "walk"
             walk += ms
@@ -870,6 +887,7 @@ def _partition(
     cand: BitMap | None,
     plan: tuple[list[Any], Pred | None],
     info: RetrievalExplain,
+    memo: dict[Any, tuple[str, float]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Walk the graph of every pinned value, post-filter the other conjuncts inside it, and
     merge. Each walk must itself keep min(k, that value's candidates in its graph) rows;
@@ -897,7 +915,7 @@ def _partition(
         return parts.exact(key, q, k, ds.alive, keep[0] if keep else None)
 
     for key in keys:
-        how, _ = _key_plan(vi, cm, key, rest, cand, kp, ef, n)
+        how, _ = (memo or {}).get(key) or _key_plan(vi, cm, key, rest, cand, kp, ef, n)
         if not how:
             continue
         if how == "exact":
