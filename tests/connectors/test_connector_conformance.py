@@ -13,8 +13,7 @@ import pytest
 
 from connectors.base import Source
 from connectors.sql_drivers import MYSQL_DRIVERS
-from tests.connectors import data
-from tests.connectors.conformance import ConnectorConformance
+from connectors.testing import ConnectorConformance, data
 from tests.servers import TopicFactory
 
 # ------------------------------------------------------------------------------ SQL

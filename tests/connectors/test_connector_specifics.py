@@ -15,8 +15,8 @@ import pytest
 from connectors.arrow_expr import filter_table
 from connectors.base import ScanRequest, to_table
 from connectors.json_decode import decode_json_messages, infer_schema
+from connectors.testing import data
 from dsl.ast import Binary, Column, InList, Literal, Param
-from tests.connectors import data
 
 # ------------------------------------------------------------------------------ JSON decoding
 
