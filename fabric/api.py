@@ -96,6 +96,8 @@ class Fabric:
         for name, ds in self.service.manager.datasets.items():
             self.catalog.register_dataset(name, DatasetSource(f"dataset://{name}", ds))
         self.catalog.freshness = self._source_freshness  # type: ignore[attr-defined]
+        if self.tracer is not None:  # data_stale / data_fresh on the session timelines
+            self.tracer.attach(self.service.tracker)
 
     def _source_freshness(self, uri: str) -> Mapping[str, Any] | None:
         """The executor's freshness provider for a dataset, always against its source: a

@@ -281,3 +281,29 @@ def _source_attrs(alias: str, s: dict[str, Any] | None, f: dict[str, Any] | None
                 v = f[k]
                 a[f"fabric.freshness.{k}"] = v if isinstance(v, int | float) else str(v)
     return a
+
+
+def emit_signal(tracer: Any, event: dict[str, Any], at_ns: int) -> None:
+    """A freshness signal as a span of its own (no duration, no session)."""
+    a: dict[str, Any] = {
+        "fabric.signal.event": str(event.get("event")),
+        "fabric.signal.source": str(event.get("source")),
+        "fabric.signal.scope": str(event.get("scope", "source")),
+        "fabric.signal.bindings": tuple(str(b) for b in event.get("bindings") or ()),
+    }
+    for k in ("lag_messages", "lag_seconds"):
+        if isinstance(event.get(k), int | float):
+            a[f"fabric.signal.{k}"] = event[k]
+    name = f"signal {a['fabric.signal.event']} {a['fabric.signal.source']}"
+    ctx = _context(random.getrandbits(128) or 1)
+    sp = ReadableSpan(
+        name,
+        context=ctx,
+        parent=None,
+        resource=tracer.resource,
+        attributes=a,
+        start_time=at_ns,
+        end_time=at_ns,
+        instrumentation_scope=tracer.scope,
+    )
+    tracer.deliver([sp])

@@ -9,6 +9,9 @@ from typing import Any
 
 from fabric.tracing.tracer import A_BINDING, A_SESSION, A_VERSION
 
+#: freshness signals this long before the first query or after the last are left out
+SIGNAL_WINDOW_NS = 60 * 10**9
+
 
 def _ms(ns: int, t0: int) -> float:
     return round((ns - t0) / 1e6, 3)
@@ -90,10 +93,43 @@ def timeline(tracer: Any, session_id: str, *, may_see: Any = None) -> dict[str, 
                 "waits": waits,
             }
         )
+    signals: list[dict[str, Any]] = []
+    lag: list[dict[str, Any]] = []
+    if queries:
+        lo = queries[0].start_time - SIGNAL_WINDOW_NS
+        hi = max(q.end_time for q in queries) + SIGNAL_WINDOW_NS
+        for s in spans:
+            if s.name.startswith("signal ") and lo <= s.start_time <= hi:
+                a = s.attributes
+                signals.append(
+                    {
+                        "event": a.get("fabric.signal.event"),
+                        "source": a.get("fabric.signal.source"),
+                        "scope": a.get("fabric.signal.scope"),
+                        "bindings": list(a.get("fabric.signal.bindings", ())),
+                        "lag_messages": a.get("fabric.signal.lag_messages"),
+                        "lag_seconds": a.get("fabric.signal.lag_seconds"),
+                        "at_ms": _ms(s.start_time, t0),
+                    }
+                )
+        signals.sort(key=lambda x: x["at_ms"])
+        read = {
+            u.split("://", 1)[1].split("/", 1)[0]
+            for q in out
+            for o in q["operators"]
+            if str(u := o["attributes"].get("fabric.source.uri", "")).startswith("dataset://")
+        }
+        lag = [
+            {"source": src, "at_ms": _ms(t, t0), "lag_messages": n}
+            for t, src, n in list(tracer.lag_samples)
+            if lo <= t <= hi and src in read
+        ]
     return {
         "session": session_id,
         "started_at_unix_ns": t0 or None,
         "queries": out,
+        "signals": signals,
+        "lag": lag,
         "cost": tracer.costs.session(session_id),
         "ring": {
             "spans": len(tracer.ring),
@@ -105,7 +141,7 @@ def timeline(tracer: Any, session_id: str, *, may_see: Any = None) -> dict[str, 
 
 # ---------------------------------------------------------------- rendering
 
-_LANE_H, _LEFT, _WIDTH, _TOP = 34, 230, 1000, 46
+_LANE_H, _LEFT, _WIDTH, _TOP = 34, 230, 1000, 64
 _COLORS = {
     "query": "#4c78a8",
     "error": "#d62728",
@@ -184,17 +220,37 @@ def _uri_of(q: dict[str, Any], alias: str | None) -> str:
     return f"source {alias}"
 
 
+def _lag_points(tl: dict[str, Any]) -> list[tuple[float, float]]:
+    """(ms, lag in messages) as the queries and signals saw it, in time order."""
+    pts = [(s["at_ms"], float(s["lag_messages"])) for s in tl.get("lag", ())]
+    for q in tl["queries"]:  # what each read saw (a wait's figures are after the wait)
+        for o in q["operators"]:
+            lag = o["attributes"].get("fabric.freshness.lag_messages")
+            if isinstance(lag, int | float):
+                pts.append((o["start_ms"] + o["duration_ms"], float(lag)))
+    for sg in tl.get("signals", ()):
+        if isinstance(sg.get("lag_messages"), int | float):
+            pts.append((sg["at_ms"], float(sg["lag_messages"])))
+    return sorted(pts)
+
+
 def render_svg(tl: dict[str, Any]) -> str:
     lanes = _lanes(tl)
-    end = max([b["start"] + b["dur"] for _, bars in lanes for b in bars] or [1.0]) or 1.0
+    lag = _lag_points(tl)
+    signals = tl.get("signals", [])
+    bars_all = [b for _, bars in lanes for b in bars]
+    begin = min([0.0, *(b["start"] for b in bars_all), *(sg["at_ms"] for sg in signals)])
+    last = max([1.0, *(b["start"] + b["dur"] for b in bars_all), *(sg["at_ms"] for sg in signals)])
+    end = (last - begin) or 1.0
     scale = (_WIDTH - _LEFT - 20) / end
-    h = _TOP + _LANE_H * len(lanes) + 30
+    lag_lanes = 3 if lag else 0  # the lag line is three lanes tall
+    h = _TOP + _LANE_H * (len(lanes) + lag_lanes) + 30
     e = html.escape
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{h}" '
         f'viewBox="0 0 {_WIDTH} {h}" font-family="sans-serif" font-size="12">',
         f'<rect x="0" y="0" width="{_WIDTH}" height="{h}" fill="#ffffff"/>',
-        f'<text x="10" y="20" font-size="14" font-weight="bold">session {e(tl["session"])}: '
+        f'<text x="10" y="18" font-size="14" font-weight="bold">session {e(tl["session"])}: '
         f"{len(tl['queries'])} queries over {end:.1f} ms</text>",
     ]
     for tick in range(6):  # time axis
@@ -202,17 +258,52 @@ def render_svg(tl: dict[str, Any]) -> str:
         parts.append(
             f'<line x1="{x:.1f}" y1="{_TOP - 8}" x2="{x:.1f}" y2="{h - 24}" stroke="#e0e0e0"/>'
             f'<text x="{x:.1f}" y="{h - 8}" text-anchor="middle" fill="#555">'
-            f"{end * tick / 5:.0f} ms</text>"
+            f"{begin + end * tick / 5:.0f} ms</text>"
+        )
+    if lag:  # the lag the queries and signals reported, in messages
+        y0, hh = _TOP, _LANE_H * lag_lanes - 8
+        top = max(v for _, v in lag) or 1.0
+
+        def xy(t: float, v: float) -> str:
+            return f"{_LEFT + (t - begin) * scale:.1f},{y0 + hh - v / top * (hh - 6):.1f}"
+
+        parts.append(
+            f'<text x="10" y="{y0 + 20}" fill="#222">lag (messages)</text>'
+            f'<text x="10" y="{y0 + 36}" fill="#888">peak {top:,.0f}</text>'
+            f'<polyline class="lag" points="{" ".join(xy(t, v) for t, v in lag)}" '
+            'fill="none" stroke="#8c564b" stroke-width="3"/>'
+        )
+        for t, v in lag:
+            cx, cy = xy(t, v).split(",")
+            parts.append(
+                f'<circle cx="{cx}" cy="{cy}" r="4" fill="#8c564b">'
+                f"<title>{v:,.0f} messages behind at {t:.0f} ms</title></circle>"
+            )
+    for i, sg in enumerate(signals):  # data_stale / data_fresh across every lane
+        x = _LEFT + (sg["at_ms"] - begin) * scale
+        stale = sg["event"] == "data_stale"
+        color = "#d62728" if stale else "#2ca02c"
+        what = sg["source"] if sg.get("scope", "source") == "source" else ",".join(sg["bindings"])
+        label = f"{sg['event']} {what}" + ("" if stale else " (release)")
+        ty = _TOP - 10 - 13 * (i % 2)  # neighbours alternate rows
+        anchor, tx = ("end", x - 4) if x > _WIDTH - 220 else ("start", x + 4)
+        parts.append(
+            f'<g class="signal {e(str(sg["event"]))}"><title>{e(label)}: lag '
+            f"{sg.get('lag_messages')} messages, bindings {e(', '.join(sg['bindings']))}"
+            f'</title><line x1="{x:.1f}" y1="{_TOP - 6}" x2="{x:.1f}" y2="{h - 24}" '
+            f'stroke="{color}" stroke-width="3" stroke-dasharray="6 3"/>'
+            f'<text x="{tx:.1f}" y="{ty}" fill="{color}" font-size="11" '
+            f'text-anchor="{anchor}">{e(label)}</text></g>'
         )
     for i, (name, bars) in enumerate(lanes):
-        y = _TOP + i * _LANE_H
+        y = _TOP + (i + lag_lanes) * _LANE_H
         parts.append(
             f'<text x="10" y="{y + 20}" fill="#222">{e(name[:34])}</text>'
             f'<line x1="{_LEFT}" y1="{y + _LANE_H - 2}" x2="{_WIDTH - 20}" '
             f'y2="{y + _LANE_H - 2}" stroke="#f0f0f0"/>'
         )
         for b in bars:
-            x = _LEFT + b["start"] * scale
+            x = _LEFT + (b["start"] - begin) * scale
             w = max(2.0, b["dur"] * scale)
             color = _COLORS[b["kind"]]
             pattern = ' stroke="#a0522d" stroke-dasharray="4 2"' if b["kind"] == "wait" else ""
@@ -280,9 +371,9 @@ def render_html(tl: dict[str, Any]) -> str:
         + "<p><span style='color:#f28e2b'>&#9632;</span> waiting for fresh data "
         "<span style='color:#59a14f'>&#9632;</span> source scan "
         "<span style='color:#4c78a8'>&#9632;</span> query "
-        "<span style='color:#d62728'>&#9632;</span> failed query</p>"
-        + "".join(rows)
-        + "</body></html>"
+        "<span style='color:#d62728'>&#9632;</span> failed query / data_stale "
+        "<span style='color:#2ca02c'>&#9632;</span> data_fresh (release) "
+        "<span style='color:#8c564b'>&#9632;</span> lag</p>" + "".join(rows) + "</body></html>"
     )
 
 
@@ -321,6 +412,11 @@ def render_text(tl: dict[str, Any]) -> str:
                 f"    {'  ' * o['depth']}{o['name']}: rows={'-' if rows is None else rows} "
                 f"{took}{extra}"
             )
+    for sg in tl.get("signals", ()):
+        lines.append(
+            f"signal +{sg['at_ms']:.1f} ms {sg['event']} {sg['source']} "
+            f"lag={sg.get('lag_messages')} bindings={','.join(sg['bindings'])}"
+        )
     t = tl["cost"]["total"]
     lines.append(
         f"total: {t['queries']} queries, {t['errors']} failed, waited {t['wait_seconds']:.3f} s, "

@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -28,6 +29,8 @@ from fabric.tracing.config import TracingConfig
 from fabric.tracing.cost import CostBook, QueryCost, connection_of
 
 log = logging.getLogger("fabric.tracing")
+
+LAG_SAMPLES = 20_000  # about 5.5 hours of one source at a 1 s heartbeat
 
 _SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "fabric_session_id", default=None
@@ -115,7 +118,25 @@ class Tracer:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
+        self._unlisten: Any = None
+        #: (unix ns, source, lag in messages) from the signals and heartbeats, newest last
+        self.lag_samples: deque[tuple[int, str, int]] = deque(maxlen=LAG_SAMPLES)
         self.errors = 0  # runs the worker could not turn into spans (logged)
+
+    def attach(self, tracker: Any) -> None:
+        """Record the freshness signals of ``tracker`` (a ``fabric.freshness.FreshnessTracker``):
+        each ``data_stale`` / ``data_fresh`` (not heartbeats) becomes a ``signal`` span, shown
+        on the timelines of the sessions running around it."""
+        self._unlisten = tracker.listen(self._on_signal)
+
+    def _on_signal(self, event: Mapping[str, Any]) -> None:
+        now = time.time_ns()
+        lag = event.get("lag_messages")
+        if isinstance(lag, int) and event.get("scope", "source") == "source":
+            self.lag_samples.append((now, str(event.get("source")), lag))
+        if event.get("event") == "heartbeat":  # a lag sample only (every heartbeat interval)
+            return
+        self._put(("signal", dict(event), now))
 
     # ---- the query path
     def run(self, run: Any, session_id: str | None, version: str | None) -> Any:
@@ -152,9 +173,12 @@ class Tracer:
                 item.set()
                 continue
             try:
-                from fabric.tracing.spans import emit
+                from fabric.tracing.spans import emit, emit_signal
 
-                emit(self, *item)
+                if item[0] == "signal":
+                    emit_signal(self, item[1], item[2])
+                else:
+                    emit(self, *item)
             except Exception:
                 self.errors += 1
                 log.exception("fabric tracing: could not record a query's spans")
@@ -178,6 +202,8 @@ class Tracer:
     def close(self) -> None:
         if self._closed:
             return
+        if self._unlisten is not None:
+            self._unlisten()
         self.flush()
         self._closed = True
         if self._thread is not None:
