@@ -591,7 +591,7 @@ class _Run:
             "bytes": table.get_total_buffer_size(),  # fresh arrays: nbytes is 50x slower
             "batches": 1,
             "time_ms": round(ms, 3),
-            "estimated_rows": vs.k,
+            "estimated_rows": vs.rows_out,
             "filters": list(text["filters"]),
             "residual": list(text["residual"]),
             "strategy": getattr(info, "executed", None) or getattr(info, "chosen", None),

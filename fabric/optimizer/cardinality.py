@@ -99,7 +99,7 @@ class Estimator:
         if isinstance(node, Scan):
             return self.scan_rows(node, dynamic=dynamic)
         if isinstance(node, VectorSearch):
-            return node.k
+            return node.rows_out
         if isinstance(node, Filter):
             below = self._rows(node.input, dynamic)
             scan = node.input if isinstance(node.input, Scan) else None

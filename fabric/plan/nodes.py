@@ -285,6 +285,14 @@ class VectorSearch(Plan):
                 raise PlanError(f"vector search {self.alias}: no column {c!r} in {self.uri}")
 
     @property
+    def rows_out(self) -> int:
+        """Rows the search returns at most: the fused k (default: the larger arm's k),
+        else the one arm's k."""
+        if self.fusion is not None and self.fusion.k is not None:
+            return self.fusion.k
+        return max(self.k if self.column is not None else 0, self.text.k if self.text else 0)
+
+    @property
     def inputs(self) -> tuple[Expr, ...]:
         """The query values (vector, text) the search binds at run time."""
         return tuple(e for e in (self.query, self.text.query if self.text else None) if e)
