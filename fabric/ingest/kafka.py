@@ -103,6 +103,8 @@ class IngestOptions:
     #: consumer, dead-letter producer, admin) with the connection's security/config;
     #: None: a plain one for ``bootstrap``
     connection: Any = field(default=None, compare=False)
+    #: only these partitions (a shard of a dataset, fabric.ray.shards); None: every one
+    partitions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.connection is None:
@@ -794,7 +796,8 @@ class KafkaIngestor:
                         f"topic {self.options.topic!r} is not available on {self.options.bootstrap} ({why}); "
                         "create it or fix 'from:' in fabric.yaml"
                     )
-                new = sorted(t.partitions)
+                only = self.options.partitions
+                new = sorted(p for p in t.partitions if only is None or p in only)
                 self._md_at = now
                 if new != self.partitions:
                     self.partitions = new
