@@ -3,9 +3,10 @@
 ``rate_limit: {per_second: N, burst: M}`` on a connection gives it one :class:`TokenBucket`
 shared by every source, scan and thread of that connection in this process: each request
 (a REST page, a scan of another kind) takes one token; tokens refill at ``N`` per second up
-to ``M`` (default ``max(1, N)``). A caller that finds no token reserves the next one and
-sleeps until it is due, so under any number of concurrent callers the requests started in
-any window of ``T`` seconds are at most ``M + N * T``.
+to ``M`` (default ``max(1, N)``). A caller that finds no token sleeps until one is due and
+tries again (tokens are taken when there, never reserved ahead), so under any number of
+concurrent callers the requests started in any window of ``T`` seconds are at most
+``M + N * T``.
 
 ``retries: {max: 3, base: 0.1, max_delay: 10}`` (:class:`RetryPolicy`) retries transient
 failures (HTTP 429/502/503/504, refused or reset connections, timeouts) up to ``max``
@@ -67,7 +68,7 @@ class TokenBucket:
     """``per_second`` tokens a second, at most ``burst`` saved; thread-safe.
 
     >>> b = TokenBucket(per_second=1000, burst=2)
-    >>> b.acquire() == 0.0 and b.acquire() == 0.0
+    >>> b.try_take() == 0.0 and b.try_take() == 0.0 and b.try_take() > 0
     True
     """
 
@@ -102,32 +103,37 @@ class TokenBucket:
             raise RateLimitConfigError(f"{what} needs per_second (requests per second)")
         return cls(rate, _number(options, "burst", what, None))
 
-    def reserve(self) -> float:
-        """Take a token; the seconds until it is due (0: now). Does not sleep."""
+    def try_take(self) -> float:
+        """Take a token if one is there now (0.0), else the seconds until one will be."""
         with self._lock:
             now = time.monotonic()
             self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
             self._last = now
-            self._tokens -= 1.0
-            self.granted += 1
-            wait = 0.0 if self._tokens >= 0 else -self._tokens / self.rate
-            self.waited_s += wait
-            return wait
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                self.granted += 1
+                return 0.0
+            return (1.0 - self._tokens) / self.rate
 
     def acquire(self, deadline: float | None = None, what: str = "request") -> float:
         """Wait for a token (at most until ``deadline``, a ``time.monotonic()`` instant);
-        the seconds waited. Raises ``TimeoutError`` when the token is due after the deadline
-        (the token is still consumed: the budget stays honest)."""
-        wait = self.reserve()
-        if wait <= 0:
-            return 0.0
-        if deadline is not None and time.monotonic() + wait > deadline:
-            raise TimeoutError(
-                f"rate limit ({self.rate:g}/s, burst {self.burst:g}): the next {what} is due in "
-                f"{wait:.2f} s, after the query's deadline"
-            )
-        time.sleep(wait)
-        return wait
+        the seconds waited. A token is taken only when it is there at that moment (never
+        reserved ahead), so a caller the OS wakes late cannot make requests bunch beyond
+        ``burst``. Raises ``TimeoutError`` when none would come before the deadline."""
+        t0 = time.monotonic()
+        while True:
+            wait = self.try_take()
+            if wait <= 0:
+                waited = time.monotonic() - t0
+                with self._lock:
+                    self.waited_s += waited
+                return waited
+            if deadline is not None and time.monotonic() + wait > deadline:
+                raise TimeoutError(
+                    f"rate limit ({self.rate:g}/s, burst {self.burst:g}): no token for the "
+                    f"next {what} before the query's deadline"
+                )
+            time.sleep(wait)
 
 
 @dataclass(frozen=True)
@@ -169,3 +175,115 @@ class RetryPolicy:
         if retry_after is not None:
             d = max(d, retry_after)
         return d
+
+
+# ---------------------------------------------------------------- any kind's sources
+
+#: the connection options this module reads for any kind (``rest`` applies them per request)
+OPTIONS = ("rate_limit", "retries")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One connection's budget: its bucket (shared by all its sources) and retry policy."""
+
+    bucket: TokenBucket | None
+    retry: RetryPolicy
+
+
+def limits_of(options: Mapping[str, Any], what: str) -> Limits | None:
+    """The ``rate_limit`` / ``retries`` of a connection of any kind but ``rest`` (None:
+    neither is set). ``retries`` is read here only as a mapping (``{max, base,
+    max_delay}``); a number stays the connector's own (S3's client retry attempts).
+    Raises RateLimitConfigError naming the option."""
+    rl = options.get("rate_limit")
+    rt = options.get("retries")
+    if not isinstance(rt, Mapping):
+        rt = None
+    if rl is None and rt is None:
+        return None
+    bucket = TokenBucket.from_options(rl, f"{what}: rate_limit")
+    retry = RetryPolicy.from_options(rt, f"{what}: retries") if rt is not None else RetryPolicy()
+    return Limits(bucket, retry)
+
+
+def connector_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without what this module consumes (a mapping ``retries`` and
+    ``rate_limit``), as the connector of a kind other than ``rest`` receives them."""
+    return {
+        k: v
+        for k, v in options.items()
+        if not (k == "rate_limit" or (k == "retries" and isinstance(v, Mapping)))
+    }
+
+
+class LimitedSource:
+    """A source of a connection with ``rate_limit`` / ``retries`` (any kind but ``rest``,
+    which limits each HTTP request itself): every scan takes a token of the connection's
+    bucket, and a scan that fails with a retriable ``SourceError`` (the server down,
+    refused, timed out) before its first batch is retried with backoff and jitter. A scan
+    that failed after yielding rows is not retried (the rows are already out). Everything
+    else is the wrapped source's (attributes are forwarded)."""
+
+    def __init__(self, inner: Any, limits: Limits):
+        self.inner = inner
+        self.limits = limits
+        self.uri = inner.uri
+        self.capabilities = inner.capabilities
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"LimitedSource({self.inner!r})"
+
+    def schema(self) -> Any:
+        return self.inner.schema()
+
+    def supports_filter(self, expr: Any) -> Any:
+        return self.inner.supports_filter(expr)
+
+    def statistics(self) -> Any:
+        return self.inner.statistics()
+
+    def watermark(self) -> Any:
+        return self.inner.watermark()
+
+    def scan(self, request: Any) -> Any:
+        from connectors.base import SourceError
+
+        deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        metrics = ScanMetrics()
+        bucket, retry = self.limits.bucket, self.limits.retry
+        try:
+            attempt = 0
+            while True:
+                if bucket is not None:
+                    try:
+                        metrics.throttle_wait_s += bucket.acquire(deadline, "scan")
+                    except TimeoutError as e:
+                        raise SourceError(self.uri, str(e), retriable=True) from None
+                metrics.requests += 1
+                batches = iter(self.inner.scan(request))
+                try:
+                    first = next(batches)
+                except StopIteration:
+                    return
+                except SourceError as e:
+                    if not e.retriable or attempt >= retry.max:
+                        raise
+                    delay = retry.delay(attempt)
+                    if deadline is not None and time.monotonic() + delay > deadline:
+                        raise
+                    time.sleep(delay)
+                    metrics.backoff_wait_s += delay
+                    metrics.retries += 1
+                    attempt += 1
+                    continue
+                yield first
+                yield from batches
+                return
+        finally:
+            out = getattr(request, "metrics", None)
+            if isinstance(out, dict):
+                out.update(metrics.as_dict())

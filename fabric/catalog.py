@@ -16,7 +16,7 @@ import contextlib
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -30,6 +30,13 @@ from connectors.base import (
     UnknownObjectError,
     as_capabilities,
     open_connection,
+)
+from connectors.ratelimit import (
+    LimitedSource,
+    Limits,
+    RateLimitConfigError,
+    connector_options,
+    limits_of,
 )
 from dsl.errors import DslError, Span, did_you_mean
 from fabric.config import ConnectionConfig, DatasetConfig, FabricConfig
@@ -187,6 +194,7 @@ class Catalog:
         self._connections: dict[str, Connection] = dict(connections or {})
         self._datasets: dict[str, Source] = dict(dataset_sources or {})
         self._views: dict[str, SourceView] = {}
+        self._limits: dict[str, Limits] = {}  # connection -> rate_limit / retries
         self._lock = threading.RLock()
         self.version = 1
         for name, cc in config.connections.items():
@@ -215,7 +223,15 @@ class Catalog:
                     did_you_mean(name, self.config.connections, "connections"),
                 )
             try:
-                conn = open_connection(name, cc.options)
+                limits = (
+                    None if cc.kind == "rest" else limits_of(cc.options, f"connection '{name}'")
+                )
+            except RateLimitConfigError as e:
+                raise DslError.at(str(e), span) from None
+            try:
+                # rest limits each HTTP request itself; any other kind each scan (LimitedSource)
+                opts = cc.options if cc.kind == "rest" else connector_options(cc.options)
+                conn = open_connection(name, opts)
             except ImportError as e:
                 if (e.name or "").split(".")[0] in _OWN_PACKAGES or not e.name:
                     raise  # our own code failed to import: a bug to show, not a driver to install
@@ -225,6 +241,8 @@ class Catalog:
                     f"connection '{name}' ({cc.kind}) is not available: {e}", span
                 ) from None
             self._connections[name] = conn
+            if limits is not None:
+                self._limits[name] = limits
             return conn
 
     def register_dataset(self, name: str, source: Source) -> None:
@@ -311,6 +329,9 @@ class Catalog:
         caps = as_capabilities(
             getattr(src, "capabilities", {Capability.PROJECTION}), f"source {uri}"
         )
+        limits = self._limits.get(conn_name)
+        if limits is not None:  # rate_limit / retries of the connection (any kind but rest)
+            src = cast(Source, LimitedSource(src, limits))  # a Source in all but name
         return SourceView(uri, kind, schema, caps, src)
 
     def _dataset(self, name: str, uri: str, span: Span | None) -> SourceView:

@@ -36,6 +36,8 @@ from typing import Any
 import pyarrow as pa
 
 from connectors import registry
+from connectors.ratelimit import OPTIONS as LIMIT_OPTIONS
+from connectors.ratelimit import RateLimitConfigError, limits_of
 from dsl import parser as P
 from dsl.errors import Diagnostic, DslError, Span, did_you_mean
 from dsl.options import check_uri, duration_seconds
@@ -465,9 +467,23 @@ def _connections(L: _Loader, doc: YamlMap) -> dict[str, ConnectionConfig]:
                     y.value_span(cm, "kind"),
                     f"check the package providing the '{registry.ENTRY_POINT_GROUP}' entry point",
                 ) from None
-            allowed = ("kind", "schemas", "description", *spec.options)
+            # rate_limit / retries: any kind (connectors/ratelimit.py)
+            allowed = tuple(
+                dict.fromkeys(("kind", "schemas", "description", *spec.options, *LIMIT_OPTIONS))
+            )
             y.check_keys(cm, allowed, f"connection '{name}' ({kind})")
             options = {str(k): L.subst(cm, k) for k in cm if k not in ("schemas", "description")}
+            for opt in LIMIT_OPTIONS:
+                if opt in cm and not (opt == "retries" and isinstance(options[opt], int)):
+                    try:
+                        limits_of({opt: options[opt]}, f"connection '{name}'")
+                    except RateLimitConfigError as e:
+                        raise y.error(
+                            str(e),
+                            y.value_span(cm, opt),
+                            "rate_limit: {per_second: 5, burst: 10}; "
+                            "retries: {max: 3, base: 0.1, max_delay: 10}",
+                        ) from None
             if kind == "kafka":
                 _kafka_options(L, cm, name, options)
             schemas = {}

@@ -54,8 +54,9 @@ def source_state(source: Any) -> tuple[str, Any] | None:
     ds = getattr(source, "dataset", None)
     if ds is not None and hasattr(ds, "version"):
         return ("version", int(ds.version))
-    refresh = getattr(source, "refresh", None)
-    if callable(refresh) and type(source).__name__ == "S3Source":
+    inner = getattr(source, "inner", source)  # a rate-limited source: the connector's
+    refresh = getattr(inner, "refresh", None)
+    if callable(refresh) and type(inner).__name__ == "S3Source":
         refresh()  # the object list is refreshed at every scan; so here too
     wm = source.watermark()
     if wm is None:
