@@ -129,6 +129,18 @@ def check_columns(uri: str, wanted: Sequence[str] | None, existing: Sequence[str
         raise UnknownColumnError(uri, missing, existing)
 
 
+def typed_params(
+    filters: Sequence[Expr], params: Mapping[str, Any], schema: pa.Schema, uri: str
+) -> dict[str, Any]:
+    """The session values ``filters`` compare with columns, checked against those columns'
+    types and normalized (what a source applying a filter itself calls first); a value
+    that cannot be of its column's type raises ``BadValueError`` naming the source, the
+    column and the session value (``connectors._util.typed_params``)."""
+    from connectors._util import typed_params as check
+
+    return check(list(filters), params, schema, uri)
+
+
 @dataclass(frozen=True)
 class ColumnStats:
     distinct_count: int | None = None
