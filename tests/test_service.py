@@ -311,6 +311,13 @@ def _sessions(world: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _plan(text: str) -> str:
+    """An explain text without its row estimates: each process learns estimates from the
+    rows its own queries saw (the embedded fabric here has run other tests' queries), so
+    the plans must agree, the estimates need not."""
+    return re.sub(r"est_rows=\d+", "est_rows=?", text)
+
+
 def _rows(table: pa.Table) -> list[Any]:
     return _norm(table.to_pylist())
 
@@ -378,9 +385,9 @@ def test_query_text_explain_validate_freshness_and_upsert_remote(world) -> None:
     assert _rows(remote.query_text(text).table) == _rows(emb.query_text(text).table)
     status, body, _ = served.post("/v1/query_text", {"text": text}, TOKENS["alice"])
     assert status == 200 and len(json.loads(body)["rows"]) == 5
-    assert remote.explain("nearby_offers") == emb.explain("nearby_offers")
+    assert _plan(remote.explain("nearby_offers")) == _plan(emb.explain("nearby_offers"))
     status, body, _ = served.post("/v1/explain/nearby_offers", {}, TOKENS["alice"])
-    assert status == 200 and json.loads(body)["plan"] == emb.explain("nearby_offers")
+    assert status == 200 and _plan(json.loads(body)["plan"]) == _plan(emb.explain("nearby_offers"))
     assert remote.validate() == [] and emb.validate() == []
     fresh = remote.freshness()
     assert "news" in fresh["sources"]
