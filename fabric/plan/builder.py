@@ -707,10 +707,13 @@ class _Builder:
             pa.types.is_fixed_size_list(tt)
             or (isinstance(nr.to, A.Literal) and nr.to.type == "list")
         ):
+            from_stage = isinstance(nr.to, A.Param) and is_stage_param(nr.to.name)
             raise DslError.at(
                 f"nearest to: must be a vector; {nr.to} is {name_of(tt)}",
                 nr.to.span,
-                f"declare the session value as vector[{ct.list_size}]",
+                f"select a vector[{ct.list_size}] column in that stage (e.g. its embedding)"
+                if from_stage
+                else f"declare the session value as vector[{ct.list_size}]",
             )
         if size is not None and size != ct.list_size:
             raise DslError.at(
