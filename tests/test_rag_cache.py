@@ -279,3 +279,12 @@ def test_cache_errors_are_positioned(cache: str, expected: str) -> None:
         load_text(text, "agents/ask.yaml")
     msg = str(ei.value)
     assert expected in msg and "agents/ask.yaml:9:" in msg, msg
+
+
+def test_prewarm_fills_the_cache_from_representative_sessions(fab: Any) -> None:
+    qs = [unit(np.random.default_rng(s).normal(size=DIM)) for s in (20, 21)]
+    m = fab.prewarm("ask", [{"q": q.tolist(), "symbol": "ACME"} for q in qs])
+    assert m["stored"] == 2 and m["entries"] == 2 and m["hits"] == 0
+    res = ask(fab, at_cosine(qs[1], 0.96, 5))
+    assert res.stats["cache"]["status"] == "hit"
+    assert fab.cache_metrics("ask")["hits"] == 1
