@@ -52,8 +52,14 @@ def _headlines(n: int, start: int = 0) -> pa.Table:
     )
 
 
-def run(env: dict[str, str], check: Any, *, cleanup_topic: bool = False) -> None:
+def run(
+    env: dict[str, str], check: Any, *, cleanup_topic: bool = False, progress: Any = None
+) -> None:
     import os
+
+    from fabric.demo_progress import Progress
+
+    progress = progress or Progress()
 
     sys.path.insert(0, str(ROOT))
     from examples.scheduler.scheduler import Scheduler, listen_udp
@@ -108,7 +114,7 @@ def run(env: dict[str, str], check: Any, *, cleanup_topic: bool = False) -> None
         }
     )
     try:
-        _incident(env, check, topic, sched, events, timeline, log, stop, t0, peak)
+        _incident(env, check, topic, sched, events, timeline, log, stop, t0, peak, progress)
     finally:
         stop.set()
         shutil.rmtree(state, ignore_errors=True)  # the dataset's checkpoints (~30 MB)
@@ -137,6 +143,7 @@ def _incident(
     stop: threading.Event,
     t0: float,
     peak: list[int],
+    progress: Any,
 ) -> None:
     import fabric
     from examples.seed.load import produce
@@ -171,7 +178,7 @@ def _incident(
         while time.time() < until:
             f = fab.query("market_headlines", session={"symbol": "NVDA"}).freshness["h"]
             seen.append((f["status"], int(f["lag_messages"] or 0)))
-            if f["lag_messages"] and f["lag_messages"] > 1000 or not burst.is_alive():
+            if (f["lag_messages"] and f["lag_messages"] > 1000) or not burst.is_alive():
                 break
         status, lag = seen[-1]
         log(f"a query during the lag is flagged: status={status} lag_messages={lag}")
@@ -181,17 +188,21 @@ def _incident(
             f"every answer above the bound is flagged stale (on_stale: flag); "
             f"{len(seen)} sampled, mislabelled: {wrong[:3]}",
         )
-        burst.join()
+        with progress.step(f"producing the burst of {BURST:,} messages"):
+            burst.join()
         log("burst produced")
         deadline = time.time() + 180
-        while time.time() < deadline and not (
-            ds.count() >= BURST + 1_000 and events and events[-1]["event"] == "data_fresh"
-        ):
-            for src in fab.freshness().get("sources", {}).values():  # the peak lag, sampled
-                lag = src.get("lag_messages")
-                if isinstance(lag, int) and lag > peak[0]:
-                    peak[0] = lag
-            time.sleep(0.2)
+        total = BURST + 1_000
+        with progress.step("ingestion catching up", total=total) as step:
+            while time.time() < deadline and not (
+                ds.count() >= total and events and events[-1]["event"] == "data_fresh"
+            ):
+                for src in fab.freshness().get("sources", {}).values():  # the peak lag
+                    lag = src.get("lag_messages")
+                    if isinstance(lag, int) and lag > peak[0]:
+                        peak[0] = lag
+                step.update(ds.count())
+                time.sleep(0.2)
         log(
             f"caught up: {ds.count():,} headlines; GPUs held: {sched.holding()}; "
             f"parked: {sched.parked()}; peak lag {peak[0]:,} messages"

@@ -12,6 +12,7 @@ needs to show retrieval by meaning, time and keyword at once.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import re
 
@@ -50,16 +51,27 @@ DIM = 384
 
 
 def hash_embed(texts: list[str], dim: int = DIM) -> np.ndarray:
-    """Unit-normalized feature-hashing embeddings (float32, shape (n, dim))."""
+    """Unit-normalized feature-hashing embeddings (float32, shape (n, dim)); equal texts
+    (the generated headlines repeat) are embedded once."""
     out = np.zeros((len(texts), dim), dtype=np.float32)
+    seen: dict[str, int] = {}
     for i, text in enumerate(texts):
+        if text in seen:
+            out[i] = out[seen[text]]
+            continue
+        seen[text] = i
         for tok in re.findall(r"\w+", text.lower()):
-            h = int.from_bytes(hashlib.blake2b(tok.encode(), digest_size=8).digest(), "little")
+            h = _token_hash(tok)
             out[i, h % dim] += 1.0 if (h >> 32) & 1 else -1.0
         n = np.linalg.norm(out[i])
         if n:
             out[i] /= n
     return out
+
+
+@functools.lru_cache(maxsize=65_536)
+def _token_hash(tok: str) -> int:
+    return int.from_bytes(hashlib.blake2b(tok.encode(), digest_size=8).digest(), "little")
 
 
 def vector_array(matrix: np.ndarray) -> pa.FixedSizeListArray:
