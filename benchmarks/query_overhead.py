@@ -15,6 +15,15 @@ order by, limit 10): the multi-source path (units on the shared scan pool, DuckD
     .venv/bin/python benchmarks/query_overhead.py                  # 50k rows, 500 queries
     .venv/bin/python benchmarks/query_overhead.py --n 20000 --queries 200
 
+``--tracing``: only part 3, what tracing (fabric.tracing, issue 18) adds per query on the
+seed bindings (nearby_offers: Kafka + MariaDB + Mongo; top_category_last_week: MariaDB +
+S3) against the real servers of ``scripts/services``: the same fabric, tracing on
+(``fab.catalog.tracer`` set) and off (None) interleaved query by query, p50 / p95 per
+binding and the on/off ratio (goal: < 5 % at p50):
+
+    set -a && . .services/env && set +a
+    .venv/bin/python benchmarks/query_overhead.py --tracing --queries 200
+
 ``--baseline FILE`` adds ``execute(old)``, the same plans run by another version of the
 executor module, interleaved with the others (before/after in one run):
 
@@ -172,6 +181,90 @@ def join_part(nq: int, n: int, old=None) -> dict[str, tuple[float, float]]:
     return {w: (pct(v, 50), pct(v, 95)) for w, v in lat.items()}
 
 
+def tracing_part(nq: int) -> None:
+    """Part 3: tracing on vs off, interleaved, on the seed bindings (real servers)."""
+    from pathlib import Path
+
+    from crypto import KeyRing
+    from examples.seed.data import generate
+    from examples.seed.load import drop_loaded, environment, load_all
+
+    spec = importlib.util.spec_from_file_location("bench_service", os.path.join(HERE, "service.py"))
+    svc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(svc)
+    prefix = f"bench_trace_{os.getpid()}"
+    env = environment(prefix)
+    env["FABRIC_LOCATION_TOPIC"] = f"{prefix}_locations"
+    work = Path(tempfile.mkdtemp(prefix="fabric-bench-trace-"))
+    (work / "agent.pub").write_bytes(KeyRing.generate().public_context())
+    env["FABRIC_AGENT_PUBLIC_CONTEXT"] = str(work / "agent.pub")
+    env["FABRIC_STATE_DIR"] = str(work / "state")
+    env["FABRIC_GROUP"] = prefix
+    t0 = time.perf_counter()
+    load_all(env, generate(users=30, merchants=1000, coupons=3000, orders=5000, news=500))
+    config = svc._config(work, env["FABRIC_LOCATION_TOPIC"], "cfg")
+    os.environ.update(env)
+    fab = fabric.open(config, watch=False)
+    try:
+        fab.catch_up(60)
+        tracer = fab.tracer
+        assert tracer is not None, "tracing is on by default"
+        import fabric.tracing.spans as spans
+
+        emit, worker = spans.emit, []  # the worker's time per query (spans, attributes, cost)
+
+        def timed_emit(*a: object) -> None:
+            w0 = time.thread_time()
+            emit(*a)
+            worker.append(time.thread_time() - w0)
+
+        spans.emit = timed_emit
+        print(f"seed data loaded and fabric opened in {time.perf_counter() - t0:.1f} s")
+        bindings = ("nearby_offers", "top_category_last_week")
+        lat: dict[str, dict[str, list[float]]] = {b: {"off": [], "on": []} for b in bindings}
+        ratios: dict[str, list[float]] = {b: [] for b in bindings}  # on / off of each pair
+        for name, session in svc.SESSIONS[:: len(svc.SESSIONS) // 8]:  # warm up
+            fab.query(name, session)
+        for i in range(nq):
+            for name in bindings:
+                session = {"user_id": 1 + i % 20}
+                pair = {}
+                for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                    fab.catalog.tracer = tracer if mode == "on" else None
+                    q0 = time.perf_counter()
+                    fab.query(name, session, session_id=f"bench-{i % 50}")
+                    pair[mode] = time.perf_counter() - q0
+                    lat[name][mode].append(pair[mode])
+                ratios[name].append(pair["on"] / pair["off"])
+        fab.catalog.tracer = tracer
+        tracer.flush()
+        print(
+            f"\ntracing on vs off, interleaved, {nq} queries per binding and mode, ms "
+            f"(ring buffer: {len(tracer.ring)} spans, {tracer.errors} worker errors)"
+        )
+        print(
+            f"{'binding':<24} {'off p50':>8} {'on p50':>8} {'ratio':>7} {'off p95':>8} "
+            f"{'on p95':>8} {'ratio':>7} {'pairs p50':>10}"
+        )
+        for name in bindings:
+            off, on = lat[name]["off"], lat[name]["on"]
+            p50 = (pct(off, 50), pct(on, 50))
+            p95 = (pct(off, 95), pct(on, 95))
+            paired = float(np.median(ratios[name])) - 1
+            print(
+                f"{name:<24} {p50[0]:8.3f} {p50[1]:8.3f} {p50[1] / p50[0] - 1:+7.1%} "
+                f"{p95[0]:8.3f} {p95[1]:8.3f} {p95[1] / p95[0] - 1:+7.1%} {paired:+10.1%}"
+            )
+        print(
+            "pairs p50: the median of on/off over the interleaved pairs (robust to load drift)\n"
+            f"worker (fabric-tracing thread) CPU per query: p50 {pct(worker, 50):.3f} ms, "
+            f"p95 {pct(worker, 95):.3f} ms over {len(worker)} queries (off the query's thread)"
+        )
+    finally:
+        fab.close()
+        drop_loaded(env)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=50_000)
@@ -181,7 +274,13 @@ def main() -> None:
     ap.add_argument(
         "--baseline", default=None, help="another fabric/execute/__init__.py to compare"
     )
+    ap.add_argument(
+        "--tracing", action="store_true", help="only part 3: tracing on vs off (seed bindings)"
+    )
     args = ap.parse_args()
+    if args.tracing:
+        tracing_part(args.queries)
+        return
     old = load_baseline(args.baseline)
 
     rows = dataset_part(args.n, args.queries, args.cache, old)

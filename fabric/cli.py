@@ -247,12 +247,12 @@ def cmd_query(args: argparse.Namespace) -> int:
     with _open(args, reads=True) as fab:
         if args.text:
             session = _session(args, None)
-            res = fab.query_text(args.text, session or None)
+            res = fab.query_text(args.text, session or None, session_id=args.session_id)
         else:
             if not args.name:
                 raise SystemExit("fabric query: give a binding NAME or --text '...'")
             compiled = fab.binding(args.name)
-            res = fab.query(args.name, _session(args, compiled))
+            res = fab.query(args.name, _session(args, compiled), session_id=args.session_id)
         table = res.table
         _print_freshness(res)
         _write_result(args, res, table)
@@ -642,6 +642,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--config")
     q.add_argument("--catch-up", type=float, metavar="S", help=_CATCH_UP)
+    q.add_argument(
+        "--session-id", help="the session the query belongs to in traces (docs/tracing.md)"
+    )
     q.set_defaults(fn=cmd_query)
 
     t = _sub(sub, "timeline", "a session's queries in order, from a running fabric serve")

@@ -437,3 +437,36 @@ def test_seed_scenario_spans_hold_what_the_plan_did(world, scenario) -> None:
             assert leaf.attributes["fabric.freshness.status"] == f["status"]
     assert q.attributes["fabric.rows_fetched"] == analyzed.rows_fetched
 
+
+def test_fabric_query_exports_its_span_on_exit(tmp_path: Path) -> None:
+    """``fabric query --session-id``: the CLI's process exports the query's spans by
+    OTLP/HTTP before it exits (closing the fabric flushes the batch processor)."""
+    import subprocess
+    import sys
+
+    rx = _Receiver()
+    try:
+        root = tmp_path / "fab"
+        subprocess.run(
+            [sys.executable, "-m", "fabric", "init", str(root)], check=True, capture_output=True
+        )
+        cfg = root / "fabric.yaml"
+        cfg.write_text(cfg.read_text() + f"tracing: {{otlp_endpoint: '{rx.url}'}}\n")
+        out = subprocess.run(
+            [
+                *(sys.executable, "-m", "fabric", "query", "top_products"),
+                *("--session", "min_qty=2", "--session-id", "cli-7", "--format", "json"),
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        rows = json.loads(out.stdout)
+        q = next(a for n, a, _ in rx.spans() if n == "query top_products")
+        assert q["fabric.session.id"] == "cli-7"
+        assert q["fabric.rows"] == len(rows)
+        assert q["fabric.session.value.min_qty"].startswith("hmac:")
+    finally:
+        rx.close()
