@@ -40,9 +40,10 @@ page shorter than ``size`` ends ``page``/``offset`` paging. A pushed limit stops
 Requests go through the connection's token bucket (``rate_limit``) and are retried on
 429/502/503/504 and connection failures (``retries``, honouring ``Retry-After``); see
 ``connectors/ratelimit.py``. Header values (and ``auth``) are credentials: remembered by
-``connectors/credentials.py`` and masked in every error. ``watermark()`` asks the API
-now (one request for a page of one row) and is the newest ``Last-Modified`` it sent (or
-``watermark:``, a body path holding a timestamp).
+``connectors/credentials.py`` and masked in every error. ``watermark()`` is the newest
+``Last-Modified`` the API sent (or ``watermark:``, a body path holding a timestamp): that
+of a response of the last 0.25 s (the query's own scan), else asked now with one request
+for a page of one row.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ _ENDPOINT_KEYS = (
 )
 _SECRET_HEADER = ("auth", "key", "token", "secret", "cookie", "session", "signature")
 _PROBE_TTL = 30.0  # seconds a probe's total / Last-Modified is reused by the planner
+#: a response this recent (seconds) answers watermark() without another request
+WATERMARK_REUSE = 0.25
 
 
 class RestConfigError(ValueError):
@@ -304,6 +307,7 @@ class RestSource(Source):
         self._total: int | None = None
         self._modified: float | None = None
         self._probed_at: float | None = None
+        self._seen_at: float | None = None  # time.monotonic() of the last response
 
     def schema(self) -> pa.Schema:
         return self._schema
@@ -337,12 +341,19 @@ class RestSource(Source):
         return Statistics(row_count=self._total, exact=False)
 
     def watermark(self) -> Watermark | None:
-        """The newest Last-Modified (or ``watermark:`` value) the API sent, asked now with
-        one small request (a page of one row), so a change is seen at once."""
-        self._probe(force=True)
+        """The newest Last-Modified (or ``watermark:`` value) the API sent: the one of a
+        response received in the last ``WATERMARK_REUSE`` seconds (the scan this query just
+        made), else asked now with one small request (a page of one row), so a change is
+        seen at once. Nothing is pending at an API (it serves its current state):
+        ``lag_messages`` is 0, so an old Last-Modified is not lag."""
+        seen = self._seen_at
+        if seen is None or time.monotonic() - seen > WATERMARK_REUSE:
+            self._probe(force=True)
         if self._modified is None:
             return None
-        return Watermark(event_time=self._modified, detail={"kind": "last modified"})
+        return Watermark(
+            event_time=self._modified, lag_messages=0, detail={"kind": "last modified"}
+        )
 
     def _probe(self, force: bool = False) -> None:
         """One small request for the row count and Last-Modified (reused for a few seconds
@@ -537,6 +548,7 @@ class RestSource(Source):
             v = get_path(body, self.endpoint.total)
             total = v if isinstance(v, int) and not isinstance(v, bool) else None
         with self._lock:
+            self._seen_at = time.monotonic()
             if modified is not None and (self._modified is None or modified > self._modified):
                 self._modified = modified
             if total is not None:

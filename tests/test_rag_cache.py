@@ -232,6 +232,7 @@ def test_an_api_whose_last_modified_advanced_invalidates(tmp_path: Path, ttl: st
             assert len(api.requests("/v1/merchants")) - n <= 1  # the probe, no scan
             api.touch()
             api.modified += 2  # Last-Modified has one-second resolution
+            time.sleep(0.3)  # past the 0.25 s a response's Last-Modified answers for
             res = fab.query("r", s)
             assert res.stats["cache"]["reason"] == "source advanced: rest://crm/merchants"
             assert res.table.num_rows == 40

@@ -342,6 +342,11 @@ def test_binding_over_rest_with_env_token(
             and r["name"].startswith("Merchant 1")
         ]
         assert res.table.column("id").to_pylist() == want
+        n = len(api.requests())
+        res = fab.query("near", {"city": "Paris", "min": 30})
+        # one page (40 rows < 50): one request; the freshness check reuses its Last-Modified
+        assert len(api.requests()) - n == 1, api.requests()[n:]
+        assert res.freshness["m"]["status"] == "fresh"  # an old Last-Modified is not lag
         src = res.stats["sources"]["m"]
         assert len(src["exact"]) == 2 and "city" in " ".join(src["exact"]), src
         assert "score" in " ".join(src["exact"]), src
