@@ -78,8 +78,8 @@ def _identity(source: Any) -> tuple[str, dict[str, Any], str] | None:
 def plan_splits(source: Any, request: ScanRequest, tasks: int) -> list[Split]:
     """The pieces of a scan of ``source`` (at most ``tasks``; [] when it does not split)."""
     kind = source.uri.partition("://")[0]
-    if tasks < 2:
-        return []
+    if tasks < 2:  # one task: the whole scan, unsplit, in a worker
+        return [Split("range")] if kind in ("s3", "mongo") or hasattr(source, "table") else []
     if kind == "s3":
         return _s3_splits(source, tasks)
     if hasattr(source, "table") and hasattr(source, "translate"):  # connectors.sql
@@ -287,6 +287,8 @@ class RayScans:
     """The executor's Ray hook: ``scan()`` per source scan (see the module docstring)."""
 
     def __init__(self, cluster: Any, *, min_rows: int = DEFAULT_MIN_ROWS, tasks: int = 0):
+        """``tasks``: pieces per scan at most (0: the cluster's CPUs, at least 2; 1: the
+        whole scan in one task, unsplit)."""
         import ray
 
         self.cluster = cluster
@@ -317,7 +319,7 @@ class RayScans:
         if ident is None:
             return None
         splits = plan_splits(source, request, self.tasks)
-        if len(splits) < 2:
+        if len(splits) < min(2, self.tasks):
             return None
         import ray
 

@@ -112,6 +112,14 @@ class ShardActor:
     def count(self) -> int:
         return self.dataset.count()
 
+    def flush(self) -> int:
+        """Fold the growing segments into the HNSW graphs now; the rows held."""
+        self.dataset.flush()
+        return self.dataset.count()
+
+    def nbytes(self) -> int:
+        return sum(self.dataset.nbytes().values())
+
     def keys(self) -> list[Any]:
         return self.dataset.to_table([self.dataset.key]).column(0).to_pylist()
 
@@ -236,6 +244,17 @@ class ShardedDataset:
         import ray
 
         return sum(ray.get([a.count.remote() for a in self.actors]))
+
+    def flush(self) -> None:
+        import ray
+
+        ray.get([a.flush.remote() for a in self.actors])
+
+    def nbytes(self) -> list[int]:
+        """Memory held by each shard (rows and indexes)."""
+        import ray
+
+        return list(ray.get([a.nbytes.remote() for a in self.actors]))
 
     def keys_per_shard(self) -> list[list[Any]]:
         import ray
