@@ -416,7 +416,8 @@ class RestSource(Source):
         metrics = ScanMetrics()
         got = 0
         try:
-            for docs in self._pages(query, metrics, deadline, limit):
+            # the API's records count towards the limit only when nothing is filtered here
+            for docs in self._pages(query, metrics, deadline, None if local else limit):
                 batch, errors = rows_to_batch(
                     docs, read_schema, on_error=self.endpoint.on_error, first_row=got
                 )

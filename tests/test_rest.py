@@ -355,3 +355,18 @@ def test_binding_over_rest_with_env_token(
         text = fab.explain("near", {"city": "Paris", "min": 30}, analyze=True)
         assert "requests=" in text and "retries=0" in text, text
     assert TOKEN not in text
+
+
+def test_a_limit_with_a_filter_applied_here_reads_on(api: MerchantsAPI) -> None:
+    """A limit counts the rows kept after the filters the connector applies itself, not
+    the records the API sent (the first page of 50 holds 8 'pending' rows)."""
+    src = open_source(connect(api))
+    others = ("active", "inactive", "ACTIVE", "active ")
+    f = (InList(Column("status"), tuple(Literal(s, "str") for s in others), negated=True),)
+    got = [
+        r["id"]
+        for b in src.scan(ScanRequest(columns=("id",), filters=f, limit=12))
+        for r in b.to_pylist()
+    ]
+    want = [r["id"] for r in data.rows() if r["status"] == "pending"]
+    assert got == want[:12]
