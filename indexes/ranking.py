@@ -68,7 +68,7 @@ def bm25(
     if n <= 0 or not tokens:
         return np.empty(0, np.int64), np.empty(0, np.float64)
     avgdl = inv.total_len / n if inv.total_len else 1.0
-    ids_parts, score_parts = [], []
+    bms, ids_parts, score_parts = [], [], []
     for t in tokens:
         bm = inv.postings.get(t)
         if not bm:
@@ -82,15 +82,25 @@ def bm25(
         ids = array_of(bm)
         tf = inv.term_freqs(t, ids)
         norm = k1 * (1.0 - b + b * inv.doclen[ids] / avgdl)
+        bms.append(bm)
         ids_parts.append(ids.astype(np.int64))
         score_parts.append(idf * tf * (k1 + 1.0) / (tf + norm))
     if not ids_parts:
         return np.empty(0, np.int64), np.empty(0, np.float64)
     if len(ids_parts) == 1:
         return ids_parts[0], score_parts[0]
-    ids = np.concatenate(ids_parts)
-    uniq, inv_ = np.unique(ids, return_inverse=True)
-    return uniq, np.bincount(inv_, weights=np.concatenate(score_parts), minlength=len(uniq))
+    # the sum per row: a dense accumulator by row id (each term's ids are distinct, so a
+    # fancy-index add is exact) when the postings are a fair share of the id range, else
+    # a sort; the union of the bitmaps gives the rows, ascending
+    uniq = array_of(BitMap.union(*bms)).astype(np.int64)
+    top_id = int(uniq[-1]) + 1
+    if sum(len(x) for x in ids_parts) * 16 >= top_id:
+        acc = np.zeros(top_id)
+        for ids, sc in zip(ids_parts, score_parts):
+            acc[ids] += sc
+        return uniq, acc[uniq]
+    pos = np.concatenate([np.searchsorted(uniq, ids) for ids in ids_parts])
+    return uniq, np.bincount(pos, weights=np.concatenate(score_parts), minlength=len(uniq))
 
 
 def top(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -294,22 +304,22 @@ def rrf(ranked: Sequence[np.ndarray], rrf_k: int = RRF_K) -> tuple[np.ndarray, n
     return uniq[o], score[o]
 
 
+_US = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}  # microseconds per timestamp unit
+
+
 def decay(
     ds: Any, rowids: np.ndarray, column: str, half_life_s: float, now: dt.datetime
 ) -> np.ndarray:
     """0.5 ** (age / half_life) per row (age clipped at 0; a null timestamp gives 0)."""
-    col = ds._scalar_table().column(column).take(pa.array(rowids, pa.int64()))
+    col = ds._scalar_table().column(column)
     t = col.type
     if not pa.types.is_timestamp(t):
         raise DatasetError(f"recency column {column!r} is {t}, not a timestamp")
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if t.unit != "us":
-        col = col.cast(pa.timestamp("us", tz=t.tz))
-    us = np.asarray(col.view(pa.int64()).fill_null(0).to_numpy(), np.float64)
-    age = np.maximum((now.timestamp() * 1e6 - us) / 1e6, 0.0)
-    out = np.power(0.5, age / half_life_s)
-    if col.null_count:
-        out[~col.is_valid().to_numpy(zero_copy_only=False)] = 0.0
+    raw = col.take(pa.array(rowids, pa.int64())).cast(pa.int64())
+    us = np.asarray(raw.to_numpy(), np.float64) * _US[t.unit]  # nulls -> nan
+    age_s = np.maximum(now.timestamp() - us / 1e6, 0.0)
+    out = np.power(0.5, age_s / half_life_s)
+    out[np.isnan(us)] = 0.0
     return out
 
 

@@ -168,10 +168,13 @@ def test_bm25_with_filters_both_strategies() -> None:
     ds.delete(list(range(0, 2000, 11)))
     cl2 = Binary("=", Column("cl"), Literal(2, "int"))
     late = Binary(">", Column("ts"), Literal(T0 + dt.timedelta(hours=1500), "timestamp"))
+    # a few rows at the top of the id range: the sparse (sort) path of the sum per row
+    last = Binary(">", Column("ts"), Literal(T0 + dt.timedelta(hours=1985), "timestamp"))
     residual = Binary("!=", Column("body"), Literal("fed.", "str"))
     for where, pred in (
         (cl2, lambda r: r["cl"] == 2),
         (Binary("and", cl2, residual), lambda r: r["cl"] == 2 and r["body"] != "fed."),
+        (last, lambda r: r["id"] > 1985),
     ):
         for strategy in (None, "prefilter", "postfilter"):
             for q in ("fed", "rates oil", "gold jobs"):
