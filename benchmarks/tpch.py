@@ -10,6 +10,9 @@ Per query, interleaved round by round in one process window:
             postgres and httpfs extensions (its own venv, .services/tpch-peer, made on
             first use; it has no MongoDB or Kafka scanner, so nation and region are local)
   local     DuckDB on local tables holding the same rows (the floor)
+  baseline  (--baseline) the fabric as it was before the speed work of 2026-12-01 23:xx:
+            Parquet decoded by pyarrow (parquet_reader: pyarrow) and exists-stage key
+            pushes without their cost gate (EXISTS_SHARE 1.0)
 and prints p50 of each, the ratios, the fabric's rows fetched / rows needed per source
 (res.stats vs DuckDB counting the rows of each table the answer is computed from), and
 whether each answer equals DuckDB local's (for the spec's validation parameters and for
@@ -18,6 +21,7 @@ whether each answer equals DuckDB local's (for the spec's validation parameters 
     .venv/bin/python benchmarks/tpch.py                       # SF 0.1, 5 rounds, 2 seeds
     .venv/bin/python benchmarks/tpch.py --sf 0.01 --repeat 3 --queries q01,q06
     .venv/bin/python benchmarks/tpch.py --no-peer --markdown /tmp/tpch.md
+    .venv/bin/python benchmarks/tpch.py --baseline --seeds 1    # before/after in one run
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class Row:
         self.fabric: list[float] = []
         self.peer: list[float] = []
         self.local: list[float] = []
+        self.base: list[float] = []
         self.verdict = "-"  # ok | types | wrong | error
         self.why = ""
         self.peer_verdict = "-"
@@ -109,26 +114,46 @@ def run(args: argparse.Namespace) -> list[Row]:
             **files,
         )
         log(f"peer: DuckDB {info['duckdb']} with mysql, postgres, httpfs")
+    base = None
+    if args.baseline:
+        base = H.open_fabric(data)
+        base.catalog.connection("lake").parquet_reader = "pyarrow"  # type: ignore[attr-defined]
     rows: list[Row] = []
     names = args.queries.split(",") if args.queries else H.all_queries()
     try:
         for name in names:
-            rows.append(_one(name, args, data, fab, ref, need_con, vocab, peer, tmp))
+            rows.append(_one(name, args, data, fab, ref, need_con, vocab, peer, tmp, base))
     finally:
         if peer is not None:
             peer.close()
         fab.close()
+        if base is not None:
+            base.close()
     return rows
 
 
-def _one(name, args, data, fab, ref, need_con, vocab, peer, tmp) -> Row:
+def _baseline_compile(base, name: str):
+    """The binding compiled as before the exists-push cost gate."""
+    import importlib
+
+    df = importlib.import_module("fabric.optimizer.dynamic_filters")
+    share, df.EXISTS_SHARE = df.EXISTS_SHARE, 1.0
+    try:
+        return H.compile_binding(base, name)
+    finally:
+        df.EXISTS_SHARE = share
+
+
+def _one(name, args, data, fab, ref, need_con, vocab, peer, tmp, base=None) -> Row:
     import pyarrow.ipc as ipc
 
     q = QUERIES[name]
     row = Row(name)
-    compiled = None
+    compiled = base_compiled = None
     try:
         compiled = H.compile_binding(fab, name)
+        if base is not None:
+            base_compiled = _baseline_compile(base, name)
     except Exception as exc:
         row.verdict, row.why = "error", _short(exc)
     # correctness: validation parameters + seeded random ones, fabric and peer vs local
@@ -166,11 +191,15 @@ def _one(name, args, data, fab, ref, need_con, vocab, peer, tmp) -> Row:
     fabric_ok = compiled is not None and row.verdict in ("ok", "types", "wrong")
     res = None
     for r in range(args.repeat + 1):  # round 0 warms caches and connections, not counted
-        order = ["fabric", "peer", "local"]
-        order = order[r % 3 :] + order[: r % 3]
+        order = ["fabric", "peer", "local"] + (["base"] if base_compiled is not None else [])
+        order = order[r % len(order) :] + order[: r % len(order)]
         for engine in order:
             t0 = time.perf_counter()
-            if engine == "fabric" and fabric_ok:
+            if engine == "base" and fabric_ok:
+                H.run_binding(base, base_compiled, session)
+                if r:
+                    row.base.append((time.perf_counter() - t0) * 1000)
+            elif engine == "fabric" and fabric_ok:
                 try:
                     res = H.run_binding(fab, compiled, session)
                 except Exception as exc:
@@ -222,22 +251,27 @@ def table(rows: list[Row], sf: float, markdown: bool = False) -> str:
         "federated",
         "rows fetched/needed per source",
     ]
+    with_base = any(r.base for r in rows)
+    if with_base:
+        head[2:2] = ["baseline p50 ms", "baseline/federated"]
     body = []
     for r in rows:
         f, p, lo = Row.p50(r.fabric), Row.p50(r.peer), Row.p50(r.local)
-        body.append(
-            [
-                r.name,
-                r.verdict,
-                _fmt(f),
-                _fmt(p),
-                _fmt(lo),
-                _ratio(f, p),
-                _ratio(f, lo),
-                r.peer_verdict.split(":")[0],
-                _sources(r),
-            ]
-        )
+        line = [
+            r.name,
+            r.verdict,
+            _fmt(f),
+            _fmt(p),
+            _fmt(lo),
+            _ratio(f, p),
+            _ratio(f, lo),
+            r.peer_verdict.split(":")[0],
+            _sources(r),
+        ]
+        if with_base:
+            b = Row.p50(r.base)
+            line[2:2] = [_fmt(b), _ratio(b, p)]
+        body.append(line)
     right = [r for r in rows if r.verdict == "ok"]
     gm = [
         "geomean (fabric right)",
@@ -254,20 +288,28 @@ def table(rows: list[Row], sf: float, markdown: bool = False) -> str:
         "",
         "",
     ]
-    body.append(gm)
-    body.append(
-        [
-            "geomean (every query, DuckDB)",
-            "",
-            "",
-            _fmt(_geomean([Row.p50(r.peer) for r in rows])),
-            _fmt(_geomean([Row.p50(r.local) for r in rows])),
-            "",
-            "",
-            "",
-            "",
+    if with_base:
+        gm[2:2] = [
+            _fmt(_geomean([Row.p50(r.base) for r in right])),
+            _fmt_ratio(
+                _geomean([Row.p50(r.base) / Row.p50(r.peer) for r in right if r.base and r.peer])
+            ),
         ]
-    )
+    body.append(gm)
+    last = [
+        "geomean (every query, DuckDB)",
+        "",
+        "",
+        _fmt(_geomean([Row.p50(r.peer) for r in rows])),
+        _fmt(_geomean([Row.p50(r.local) for r in rows])),
+        "",
+        "",
+        "",
+        "",
+    ]
+    if with_base:
+        last[2:2] = ["", ""]
+    body.append(last)
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in b) + " |" for b in body]
@@ -315,6 +357,12 @@ def main() -> None:
     ap.add_argument("--queries", default="", help="comma list, e.g. q01,q06 (default: all 22)")
     ap.add_argument("--no-peer", action="store_true", help="skip DuckDB federated")
     ap.add_argument("--markdown", default="", help="also write the table as Markdown to this file")
+    ap.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also time the fabric as before the 2026-12-01 speed work (pyarrow Parquet "
+        "reader, exists pushes without their cost gate), interleaved",
+    )
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     rows = run(args)

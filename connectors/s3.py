@@ -268,7 +268,6 @@ class S3Source(Source):
             and not hive
             and not declared
             and not naive
-            and self.conn.parquet_reader == "duckdb"
             and all(s3_duckdb.plain_path(f.path) for f in files)
             else False
         )
@@ -406,6 +405,8 @@ class S3Source(Source):
     def _duck_ok(self, frags: list[Any]) -> bool:
         """Whether DuckDB reads these files as pyarrow would: every file has the dataset's
         schema (checked once per listing, from the cached footers)."""
+        if self.conn.parquet_reader != "duckdb":
+            return False
         if self._duck is None:
             want = self.schema()
             self._duck = all(
