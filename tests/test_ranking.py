@@ -468,3 +468,29 @@ def test_rank_with_one_arm_and_registered_dataset_errors(tmp_path) -> None:
     )
     assert "indexes: {cl: inverted}" in msg and "inverted columns now: body" in msg
     ds.close()
+
+
+def test_recency_decay_of_a_null_timestamp_is_zero() -> None:
+    ds = make()
+    t = docs(np.arange(0, 40), 41)
+    ts = t.column("ts").to_pylist()
+    ts[3] = None
+    t = t.set_column(1, "ts", pa.array(ts, pa.timestamp("us", tz="UTC")))
+    bodies = t.column("body").to_pylist()
+    bodies[3] = "fed rates"
+    t = t.set_column(3, "body", pa.array(bodies, pa.string()))
+    ds.upsert(t)
+    now = T0 + dt.timedelta(hours=50)
+    rows, _ = rank(
+        ds,
+        text=("body", "fed rates oil chips bank", 40),
+        fusion=Fusion(recency="ts", half_life_s=3600.0),
+        columns=["id", "ts"],
+        params={"__now": now},
+    )
+    got = {r["id"]: r for r in rows.to_pylist()}
+    assert got[3]["_score"] == 0.0 and got[3]["_bm25"] > 0.0
+    for r in got.values():
+        if r["ts"] is not None:
+            assert r["_score"] > 0.0
+    ds.close()
