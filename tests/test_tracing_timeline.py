@@ -25,7 +25,7 @@ TOKEN = "ops-token-0123456789abcdef"
 OTHER = "other-token-0123456789abcdef"
 
 
-def _serve(root: Path) -> tuple[subprocess.Popen, str]:
+def _serve(root: Path) -> tuple[subprocess.Popen, str, str]:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "fabric", "serve", "--config", str(root / "fabric.yaml")),
@@ -37,16 +37,19 @@ def _serve(root: Path) -> tuple[subprocess.Popen, str]:
         text=True,
     )
     deadline = time.time() + 120
+    grpc = ""
     while time.time() < deadline:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         if not line:
             raise RuntimeError(f"fabric serve ended: {proc.stderr.read()}")  # type: ignore[union-attr]
+        if m := re.search(r"queries on (grpc://\S+)", line):
+            grpc = m.group(1)
         if m := re.search(r"listening on (http://\S+)", line):
             url = m.group(1)
             while time.time() < deadline:  # printed just before the server starts
                 try:
                     with urllib.request.urlopen(url + "/healthz", timeout=5):
-                        return proc, url
+                        return proc, url, grpc
                 except (urllib.error.URLError, ConnectionError):
                     time.sleep(0.2)
     proc.kill()
@@ -73,13 +76,13 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     cfg = root / "fabric.yaml"
     cfg.write_text(
         cfg.read_text()
-        + f"agents:\n  ops: {{token: {TOKEN}, bindings: ['*']}}\n"
+        + f"agents:\n  ops: {{token: {TOKEN}, bindings: ['*'], query_text: true}}\n"
         + f"  other: {{token: {OTHER}, bindings: [nothing_here]}}\n"
         + "tracing:\n  prices:\n    connections: {local: {call: 0.25, row: 0.001}}\n"
     )
-    proc, url = _serve(root)
+    proc, url, grpc = _serve(root)
     try:
-        yield root, url
+        yield grpc, url
     finally:
         proc.terminate()
         proc.wait(20)
@@ -251,3 +254,19 @@ def test_the_html_timeline_renders_in_headless_chromium(served, tmp_path: Path) 
     scan_green = np.all(np.abs(px - np.array([0x59, 0xA1, 0x4F])) < 12, axis=2).sum()
     query_blue = np.all(np.abs(px - np.array([0x4C, 0x78, 0xA8])) < 12, axis=2).sum()
     assert scan_green > 50 and query_blue > 50, (scan_green, query_blue)
+
+
+def test_a_flight_client_names_its_session(served) -> None:
+    import fabric
+
+    grpc, url = served
+    with fabric.connect(grpc, token=TOKEN) as remote:
+        res = remote.query("top_products", {"min_qty": 3}, session_id="conv-flight")
+        text = remote.query_text(
+            "from file://local/products.parquet as p select p.name limit 2",
+            session_id="conv-flight",
+        )
+    _, body, _ = _call(f"{url}/v1/sessions/conv-flight/timeline", TOKEN)
+    qs = json.loads(body)["queries"]
+    assert [q["binding"] for q in qs] == ["top_products", "query"]
+    assert [q["rows"] for q in qs] == [len(res), len(text)]

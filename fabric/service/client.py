@@ -103,8 +103,17 @@ class RemoteFabric:
         return json.loads(results[0].body.to_pybytes()) if results else None
 
     # ---- the fabric.open surface
-    def query(self, name: str, session: Mapping[str, Any] | None = None) -> Result:
-        return self._get({"binding": name, "session": wire.encode_session(session)})
+    def query(
+        self,
+        name: str,
+        session: Mapping[str, Any] | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> Result:
+        req: dict[str, Any] = {"binding": name, "session": wire.encode_session(session)}
+        if session_id is not None:  # names the agent's session in traces (docs/tracing.md)
+            req["session_id"] = session_id
+        return self._get(req)
 
     def query_text(
         self,
@@ -112,10 +121,13 @@ class RemoteFabric:
         session: Mapping[str, Any] | None = None,
         *,
         python: str | None = None,
+        session_id: str | None = None,
     ) -> Result:
         req: dict[str, Any] = {"text": text, "session": wire.encode_session(session)}
         if python is not None:
             req["python"] = python
+        if session_id is not None:
+            req["session_id"] = session_id
         return self._get(req)
 
     def explain(

@@ -156,13 +156,17 @@ class FabricFlightServer(fl.FlightServerBase):
         return context.get_middleware("auth").agent
 
     def _run(self, agent: Any, req: dict[str, Any]) -> pa.Table:
+        from fabric.tracing import session as traced_session
+
         session = wire.decode_session(req.get("session"))
-        if "binding" in req:
-            res = self.service.query(agent, str(req["binding"]), session)
-        elif "text" in req:
-            res = self.service.query_text(agent, str(req["text"]), session, req.get("python"))
-        else:
-            raise BadRequest('a ticket names a "binding" or carries a "text" query')
+        sid = req.get("session_id")  # the agent's session in traces (docs/tracing.md)
+        with traced_session(str(sid)[:200] if sid is not None else None):
+            if "binding" in req:
+                res = self.service.query(agent, str(req["binding"]), session)
+            elif "text" in req:
+                res = self.service.query_text(agent, str(req["text"]), session, req.get("python"))
+            else:
+                raise BadRequest('a ticket names a "binding" or carries a "text" query')
         return result_table(res)
 
     def do_get(self, context: Any, ticket: fl.Ticket) -> fl.FlightDataStream:
