@@ -191,14 +191,22 @@ class Limits:
     retry: RetryPolicy
 
 
-def limits_of(options: Mapping[str, Any], what: str) -> Limits | None:
+def _ours(value: Any, kind: str | None) -> bool:
+    """Whether a ``retries`` value is this module's: a mapping, or a number except for
+    S3 (whose connector takes a number as its client's retry attempts)."""
+    if isinstance(value, Mapping):
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and kind != "s3"
+
+
+def limits_of(options: Mapping[str, Any], what: str, kind: str | None = None) -> Limits | None:
     """The ``rate_limit`` / ``retries`` of a connection of any kind but ``rest`` (None:
-    neither is set). ``retries`` is read here only as a mapping (``{max, base,
-    max_delay}``); a number stays the connector's own (S3's client retry attempts).
+    neither is set). ``retries`` is ``{max, base, max_delay}`` or a number (``max``); for
+    ``s3`` a number stays the connector's own (its client's retry attempts).
     Raises RateLimitConfigError naming the option."""
     rl = options.get("rate_limit")
     rt = options.get("retries")
-    if not isinstance(rt, Mapping):
+    if not _ours(rt, kind):
         rt = None
     if rl is None and rt is None:
         return None
@@ -207,13 +215,13 @@ def limits_of(options: Mapping[str, Any], what: str) -> Limits | None:
     return Limits(bucket, retry)
 
 
-def connector_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` without what this module consumes (a mapping ``retries`` and
-    ``rate_limit``), as the connector of a kind other than ``rest`` receives them."""
+def connector_options(options: Mapping[str, Any], kind: str | None = None) -> dict[str, Any]:
+    """``options`` without what this module consumes (``rate_limit``, and ``retries``
+    unless it is S3's number), as the connector of a kind other than ``rest`` receives them."""
     return {
         k: v
         for k, v in options.items()
-        if not (k == "rate_limit" or (k == "retries" and isinstance(v, Mapping)))
+        if not (k == "rate_limit" or (k == "retries" and _ours(v, kind)))
     }
 
 

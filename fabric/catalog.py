@@ -224,13 +224,15 @@ class Catalog:
                 )
             try:
                 limits = (
-                    None if cc.kind == "rest" else limits_of(cc.options, f"connection '{name}'")
+                    None
+                    if cc.kind == "rest"
+                    else limits_of(cc.options, f"connection '{name}'", cc.kind)
                 )
             except RateLimitConfigError as e:
                 raise DslError.at(str(e), span) from None
             try:
                 # rest limits each HTTP request itself; any other kind each scan (LimitedSource)
-                opts = cc.options if cc.kind == "rest" else connector_options(cc.options)
+                opts = cc.options if cc.kind == "rest" else connector_options(cc.options, cc.kind)
                 conn = open_connection(name, opts)
             except ImportError as e:
                 if (e.name or "").split(".")[0] in _OWN_PACKAGES or not e.name:

@@ -474,9 +474,9 @@ def _connections(L: _Loader, doc: YamlMap) -> dict[str, ConnectionConfig]:
             y.check_keys(cm, allowed, f"connection '{name}' ({kind})")
             options = {str(k): L.subst(cm, k) for k in cm if k not in ("schemas", "description")}
             for opt in LIMIT_OPTIONS:
-                if opt in cm and not (opt == "retries" and isinstance(options[opt], int)):
+                if opt in cm:
                     try:
-                        limits_of({opt: options[opt]}, f"connection '{name}'")
+                        limits_of({opt: options[opt]}, f"connection '{name}'", kind)
                     except RateLimitConfigError as e:
                         raise y.error(
                             str(e),

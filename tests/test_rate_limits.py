@@ -207,3 +207,14 @@ def test_bad_limits_are_positioned(tmp_path: Path, option: str, expected: str) -
         load_config(p, env={})
     msg = str(ei.value)
     assert expected in msg and "fabric.yaml:5:" in msg, msg
+
+
+def test_retries_as_a_number_is_the_count(tmp_path: Path) -> None:
+    SOURCES.clear()
+    with open_fab(tmp_path, "c: {kind: clocked, retries: 2}", CLOCKED_BINDING) as fab:
+        fab.query("b")
+        SOURCES["c"].fail = 2
+        assert fab.query("b").stats["sources"]["t"]["source"]["retries"] == 2
+        SOURCES["c"].fail = 3
+        with pytest.raises(Exception, match="connection refused"):
+            fab.query("b")
