@@ -28,10 +28,48 @@ from typing import Any
 from dsl.errors import Diagnostic, DslError
 
 
-def _print_diagnostics(diags: Sequence[Diagnostic], out: Any) -> None:
-    """Print ``diags``, filling missing underlined lines from their files (each read once)."""
+def _count(n: int, noun: str) -> str:
+    """'1 problem', '2 problems'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _file_of(file: str, base: Path | None = None) -> Path:
+    """The file a diagnostic names, absolute: a relative name is from the working
+    directory, else from ``base`` (the config's directory: the catalog names binding
+    files relative to it)."""
+    p = Path(file)
+    if not p.is_absolute() and not p.exists() and base is not None and (base / p).exists():
+        p = base / p
+    return p.resolve()
+
+
+def _shown(file: str, base: Path | None = None) -> str:
+    """A file as the user can open it from here: relative to the working directory when
+    it is below it, else absolute; ``<doc>``-style names stay as they are."""
+    if file.startswith("<"):
+        return file
+    p = _file_of(file, base)
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def _print_diagnostics(diags: Sequence[Diagnostic], out: Any, base: Path | None = None) -> None:
+    """Print ``diags`` with their files shown relative to the working directory (``_shown``),
+    filling missing underlined lines from their files (each read once)."""
+    import dataclasses
+
     from dsl.parser import attach_source
 
+    diags = [
+        d
+        if d.span is None
+        else dataclasses.replace(
+            d, span=dataclasses.replace(d.span, file=_shown(d.span.file, base))
+        )
+        for d in diags
+    ]
     texts: dict[str, str] = {}
     for f in {d.span.file for d in diags if d.span is not None and d.source_line is None}:
         with contextlib.suppress(OSError):
@@ -42,6 +80,17 @@ def _print_diagnostics(diags: Sequence[Diagnostic], out: Any) -> None:
 
 def _config_path(arg: str | None) -> Path | None:
     if arg:
+        if not Path(arg).is_file():
+            raise DslError(
+                [
+                    Diagnostic(
+                        f"no config file {arg}" + (" (a directory)" if Path(arg).is_dir() else ""),
+                        None,
+                        "pass --config path/to/fabric.yaml, or run `fabric init DIR` for a "
+                        "runnable example",
+                    )
+                ]
+            )
         return Path(arg)
     p = Path("fabric.yaml")
     return p if p.exists() else None
@@ -152,6 +201,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     diags: list[Diagnostic] = []
     config_path = _config_path(args.config)
+    base = config_path.resolve().parent if config_path is not None else None
     n_bindings = 0
     if config_path is None:
         if not args.paths:
@@ -169,7 +219,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             config = load_config(config_path)
         except DslError as e:
             _print_diagnostics(e.diagnostics, sys.stdout)
-            print(f"{len(e.diagnostics)} problem(s) in {config_path}", file=sys.stderr)
+            n = _count(len(e.diagnostics), "problem")
+            print(f"{n} in {_shown(str(config_path))}", file=sys.stderr)
             return 1
         if args.paths:
             import dataclasses
@@ -180,7 +231,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         # the bindings' own consistency first, whether or not the catalog answers
         own, _ = _self_check(config.binding_files())
-        own_files = {str(Path(d.span.file).resolve()) for d in own if d.span is not None}
+        own_files = {_file_of(d.span.file, base) for d in own if d.span is not None}
         try:
             with fabric.open(config, ingest=False, watch=False, offline=args.offline) as fab:
                 found = fab.validate()
@@ -189,14 +240,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             found = list(e.diagnostics)
         # a file with problems of its own shows those (the catalog's would repeat them)
         diags = own + [
-            d for d in found if d.span is None or str(Path(d.span.file).resolve()) not in own_files
+            d for d in found if d.span is None or _file_of(d.span.file, base) not in own_files
         ]
         mode = "offline (declared schemas)" if args.offline else "against the live catalog"
     if diags:
-        _print_diagnostics(diags, sys.stdout)
-        print(f"{len(diags)} problem(s)", file=sys.stderr)
+        _print_diagnostics(diags, sys.stdout, base)
+        print(_count(len(diags), "problem"), file=sys.stderr)
         return 1
-    print(f"OK: {n_bindings} binding(s) valid, {mode}")
+    print(f"OK: {_count(n_bindings, 'binding')} valid, {mode}")
     return 0
 
 
@@ -704,7 +755,9 @@ def _main(argv: list[str]) -> int:
     try:
         return int(args.fn(args) or 0)
     except DslError as e:
-        _print_diagnostics(e.diagnostics, sys.stderr)
+        path = getattr(args, "config", None) or "fabric.yaml"
+        base = Path(path).resolve().parent if Path(path).is_file() else None
+        _print_diagnostics(e.diagnostics, sys.stderr, base)
         return 1
     except LookupError as e:
         print(f"fabric: {mask(e.args[0] if e.args else e)}", file=sys.stderr)

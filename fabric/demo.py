@@ -359,7 +359,9 @@ def _run(
             # with --only, a binding of a scenario not run may name a server not started
             if only == set(SCENARIOS) or p.span is None or Path(p.span.file).name in used
         ]
-        print(f"validated {_shown(config)}: {len(problems)} problem(s)")
+        print(
+            f"validated {_shown(config)}: {len(problems)} problem{'' if len(problems) == 1 else 's'}"
+        )
         for p in problems:
             print(p.format())
         for name, fn in (

@@ -225,7 +225,8 @@ def _incident(
     )
     check(
         kinds.count("data_stale") == 1,
-        f"no flapping: {kinds.count('data_stale')} data_stale event(s) for the source over the whole burst",
+        f"no flapping: {kinds.count('data_stale')} data_stale "
+        f"event{'' if kinds.count('data_stale') == 1 else 's'} for the source over the whole burst",
     )
     check(
         any("park    analyst" in t for t in timeline)

@@ -54,7 +54,7 @@ def root(tmp_path: Path, monkeypatch) -> Path:
 def test_validate_ok(root: Path, capsys) -> None:
     assert main(["validate"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("OK: 1 binding(s) valid")
+    assert out.startswith("OK: 1 binding valid")
 
 
 def test_validate_reports_file_line_col_with_underline(root: Path, capsys) -> None:
