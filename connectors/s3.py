@@ -498,7 +498,8 @@ class S3Connection(Connection):
         if self.local:
             return None
         if self._duck_files is None:
-            self._duck_files = s3_duckdb.ObjectFiles(self.fs)
+            mb = float(self.options.get("cache_mb", 0) or 0)
+            self._duck_files = s3_duckdb.ObjectFiles(self.fs, int(mb * 1024 * 1024))
         self._duck_files.register(s3_duckdb._connection())
         return self._duck_files
 

@@ -8,9 +8,11 @@ The bytes still come through the connection's pyarrow S3 file system (no DuckDB
 extension, same credentials and endpoint): DuckDB sees the objects through a small
 fsspec file system that reads byte ranges with ``read_at`` on one open handle per object.
 
-Only the footers are cached across queries (the last 64 KiB of each object, keyed by
+The footers are cached across queries (the last 64 KiB of each object, keyed by
 (path, size, mtime) as listed at the start of every scan); data is read from the store
-every time (DuckDB's own external file cache is turned off on this connection).
+every time unless the connection sets ``cache_mb`` (``ObjectFiles``: the ranges read,
+under the same key, validated by the listing of every scan). DuckDB's own external file
+cache is turned off on this connection.
 
 Filters DuckDB evaluates here are the ones whose meaning is the same in DuckDB and in
 pyarrow: a column of an integer, DECIMAL, date, zoned timestamp, string or boolean type
@@ -28,6 +30,7 @@ import decimal
 import io
 import itertools
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -125,9 +128,15 @@ class ObjectFiles:
     """The objects of one S3 connection as a DuckDB file system (``<protocol>://path``).
 
     ``know(infos)`` records the sizes and modification times of a listing; a handle and
-    a footer are kept per (path, size, mtime) and dropped when the listing changes."""
+    a footer are kept per (path, size, mtime) and dropped when the listing changes.
 
-    def __init__(self, fs: pafs.FileSystem):
+    With ``cache_bytes`` > 0 (the connection's ``cache_mb``, off by default) the byte
+    ranges DuckDB reads are kept too, least recently used first out, under the same key:
+    every scan lists the objects first, and an object whose size or mtime changed is
+    read from the store again (DuckDB's own external file cache, on by default there,
+    validates the same way with the last-modified time and ETag)."""
+
+    def __init__(self, fs: pafs.FileSystem, cache_bytes: int = 0):
         self.fs = fs
         self.protocol = f"fabric{next(_ids)}"
         self._known: dict[str, tuple[str, int, Any]] = {}
@@ -135,6 +144,12 @@ class ObjectFiles:
         self._tails: dict[tuple[str, int, Any], bytes] = {}
         self._lock = threading.Lock()
         self._registered = False
+        self.cache_bytes = cache_bytes
+        self._ranges: dict[tuple[str, int, Any], dict[int, bytes]] = {}
+        self._lru: OrderedDict[tuple[tuple[str, int, Any], int], int] = OrderedDict()
+        self._held = 0
+        #: store reads and cache hits since the connection opened
+        self.counts = {"store_reads": 0, "cache_hits": 0}
 
     def know(self, infos: list[pafs.FileInfo]) -> None:
         with self._lock:
@@ -144,6 +159,9 @@ class ObjectFiles:
                 if old is not None and old != key:
                     self._handles.pop(old, None)
                     self._tails.pop(old, None)
+                    for start, data in self._ranges.pop(old, {}).items():
+                        self._lru.pop((old, start), None)
+                        self._held -= len(data)
                 self._known[i.path] = key
 
     def key(self, path: str) -> tuple[str, int, Any]:
@@ -169,9 +187,30 @@ class ObjectFiles:
             tail = self._read(key, size - m, m)
             self._tails[key] = tail
             return tail[m - n :]
-        return self._read(key, start, n)
+        if self.cache_bytes <= 0 or key[2] is None:  # no mtime: nothing to validate with
+            return self._read(key, start, n)
+        with self._lock:
+            for s0, data in self._ranges.get(key, {}).items():
+                if s0 <= start and start + n <= s0 + len(data):
+                    self._lru.move_to_end((key, s0))
+                    self.counts["cache_hits"] += 1
+                    return data[start - s0 : start - s0 + n]
+        data = self._read(key, start, n)
+        with self._lock:
+            if self._known.get(key[0]) == key and n <= self.cache_bytes:
+                old = self._ranges.setdefault(key, {}).get(start)
+                self._held += len(data) - (len(old) if old is not None else 0)
+                self._ranges[key][start] = data
+                self._lru[(key, start)] = len(data)
+                self._lru.move_to_end((key, start))
+                while self._held > self.cache_bytes and self._lru:
+                    (k, s0), _ = self._lru.popitem(last=False)
+                    gone = self._ranges.get(k, {}).pop(s0, None)
+                    self._held -= len(gone) if gone is not None else 0
+        return data
 
     def _read(self, key: tuple[str, int, Any], start: int, n: int) -> bytes:
+        self.counts["store_reads"] += 1
         f = self._handles.get(key)
         if f is None:
             f = self.fs.open_input_file(key[0])

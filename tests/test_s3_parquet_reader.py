@@ -168,3 +168,40 @@ def test_a_rewritten_object_is_read_as_it_is_now(lake: dict[str, Any]) -> None:
         out = pa.Table.from_batches(list(src.scan(req)))
         assert out.column("id").to_pylist() == list(range(3, n))
         assert src.last_scan["reader"] == "duckdb"
+
+
+def test_the_byte_cache_is_off_by_default_and_validated_by_the_listing(lake: dict[str, Any]):
+    """``cache_mb`` keeps the ranges DuckDB read; the next scan lists the objects first,
+    and one rewritten since (same size, later mtime) is read from the store again."""
+    import time
+
+    s3 = lake["s3"]
+    assert lake["duckdb"].duck_files().cache_bytes == 0
+    cached = S3Connection("lake", {**lake["duckdb"].options, "cache_mb": 64})
+    path = f"{s3.bucket}/c/x.parquet"
+    plain = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+
+    def write(values: list[int]) -> int:
+        pq.write_table(
+            pa.table({"v": pa.array(values, pa.int64())}), path, filesystem=s3.fs, **plain
+        )
+        return s3.fs.get_file_info(path).size
+
+    def scan() -> list[int]:
+        src = cached.source("c/x.parquet")
+        req = ScanRequest(filters=(A.unqualify(parse_expr("v >= 0")),))
+        out = pa.Table.from_batches(list(src.scan(req)))
+        assert src.last_scan["reader"] == "duckdb"
+        return out.column("v").to_pylist()
+
+    n = 20_000  # 160 KB: more than the footer cache's 64 KiB
+    size = write(list(range(n)))
+    assert scan() == list(range(n))
+    files = cached.duck_files()
+    before = dict(files.counts)
+    assert scan() == list(range(n))  # from the cache: no read of the store
+    assert files.counts["store_reads"] == before["store_reads"]
+    assert files.counts["cache_hits"] > before["cache_hits"]
+    time.sleep(1.1)  # a later mtime (S3 keeps seconds)
+    assert write(list(range(n, 2 * n))) == size  # the same size: only the mtime tells
+    assert scan() == list(range(n, 2 * n))
