@@ -19,7 +19,10 @@ filtered. A filter that would make two sources wait on each other is not added.
 The same filter goes into a stage's scan from a correlated ``exists(S where S.k = x.k
 and ...)`` / ``not exists`` that is the stage's only use (``_exists_candidate``): the
 stage's rows with other keys can never match. ``x``'s unit then runs before the stage's
-scan (the physical planner keeps the filter holding the exists out of that unit).
+scan (the physical planner keeps the filter holding the exists out of that unit). That
+costs the parallelism of the two, so it is done only for few keys: at most
+``EXISTS_SHARE`` of the stage scan's rows, estimated when planning and measured when
+running (the filter's ``max_keys``; past it only the keys' range is pushed, if any).
 
     Join: inner on m.geo_hash = loc.cell
       Derive: loc.cell = geo_hash(loc.lat, loc.lon, 6)
