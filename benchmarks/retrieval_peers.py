@@ -4,7 +4,8 @@ Same data, same queries, one process, every system's own filtered-search API, qu
 interleaved per query in random order across systems (machine noise hits all alike):
 
 - ``fabric fab.query``  -- ``fabric.open`` + ``fab.query`` of a ``nearest:`` binding per
-  point (the optimizer, guards on; per-value graphs of ``cl`` unless ``--no-partition``)
+  point (the optimizer, guards on; per-value graphs of ``cl`` unless ``--no-partition``;
+  tracing off unless ``--tracing``)
 - ``fabric search``     -- the same optimizer through ``DatasetSource.search``
 - ``faiss``      IndexHNSWFlat (M 16, efC 200, efSearch = ef) + ``IDSelectorBitmap``
 - ``usearch``    HNSW (connectivity 16, expansion 200 / ef); its Python API has no filter,
@@ -120,7 +121,7 @@ class FabricQuery(Peer):
 
     name = "fabric fab.query"
 
-    def __init__(self, src: Any, pts: list[rb.Point]):
+    def __init__(self, src: Any, pts: list[rb.Point], tracing: bool = False):
         import fabric
 
         d = tempfile.mkdtemp(prefix="retrieval-peers-bindings-")
@@ -137,7 +138,10 @@ class FabricQuery(Peer):
                 )
             self.names[p.name] = name
         self.fab = fabric.open(
-            {"bindings": [d]}, ingest=False, watch=False, dataset_sources={"bench": src}
+            {"bindings": [d], "tracing": {"enabled": tracing}},
+            ingest=False,
+            watch=False,
+            dataset_sources={"bench": src},
         )
         self.unverified = 0
 
@@ -460,12 +464,13 @@ def compare(
     systems: list[str] | None = None,
     slow_peers: tuple[str, ...] = SLOW_PEERS,
     work: str | None = None,
+    tracing: bool = False,
 ) -> None:
     """Build every peer, then per point run every system on every query (random order per
     query); print one table of recall@10 / p50 ms per point per system."""
     work = work or tempfile.mkdtemp(prefix="retrieval-peers-")
     makers: list[tuple[str, Callable[[], Peer]]] = [
-        ("fabric fab.query", lambda: FabricQuery(src, pts)),
+        ("fabric fab.query", lambda: FabricQuery(src, pts, tracing)),
         ("fabric search", lambda: FabricSearch(src)),
         ("faiss", lambda: Faiss(ef)),
         ("usearch", lambda: Usearch(ef)),
@@ -612,6 +617,12 @@ def main() -> None:
     ap.add_argument(
         "--no-partition", action="store_true", help="no per-value graphs of cl in the fabric"
     )
+    ap.add_argument(
+        "--tracing",
+        action="store_true",
+        help="fab.query with tracing on (fabric.yaml's default; off here: its worker thread "
+        "formatted the 128-d session vector per query and held the GIL, 1 -> 15-35 ms)",
+    )
     args = ap.parse_args()
     from connectors.dataset import DatasetSource
     from indexes import calibrate
@@ -652,6 +663,7 @@ def main() -> None:
         ef=args.ef,
         slow_queries=args.slow_queries,
         systems=None if args.systems is None else args.systems.split(","),
+        tracing=args.tracing,
     )
     ds.close()
 

@@ -115,6 +115,9 @@ class RetrievalExplain:
     materialize_ms: float = 0.0
     feedback_key: str = field(default="", repr=False)
     guards: bool = field(default=True, repr=False)
+    # the exact answer a fired guard falls back to when cheaper than a pre-filter: the
+    # pinned values' posting matrices (set by search() when a partition plan exists)
+    fallback: Any = field(default=None, repr=False, compare=False)
 
     @property
     def selectivity(self) -> float | None:
@@ -347,10 +350,18 @@ def search(
     info.candidates, info.candidates_exact = c, exact_count
     plan = _partition_plan(vi, pred)
     memo: dict[Any, tuple[str, float]] = {}  # per pinned value: walk or exact, planned once
-    alts = _costs(ds, vi, cm, pred, cand, c, n, k, ef, info.feedback_key)
+    part = None
     if plan is not None:
-        a = alts["partition"] = _partition_cost(vi, cm, plan, cand, c, n, k, ef, memo)
-        a.base_ms, a.cost_ms = a.cost_ms, a.cost_ms * cm.scale.get("partition", 1.0)
+        part = _partition_cost(vi, cm, plan, cand, c, n, k, ef, memo)
+        part.base_ms, part.cost_ms = part.cost_ms, part.cost_ms * cm.scale.get("partition", 1.0)
+    alts = _costs(
+        ds, vi, cm, pred, cand, c, n, k, ef, info.feedback_key, part.cost_ms if part else math.inf
+    )
+    if part is not None:
+        alts["partition"] = part
+        if plan is not None and part.cost_ms < alts["prefilter"].cost_ms:
+            # a graph walk whose guard fires answers from the posting matrices, not a gather
+            info.fallback = lambda: _partition(ds, vi, cm, q, k, ef, pred, cand, plan, info, memo)
     if cm.scale:
         info.scale = dict(cm.scale)
     info.alternatives = list(alts.values())
@@ -458,7 +469,10 @@ def _costs(
     k: int,
     ef: int,
     fkey: str,
+    fallback_ms: float = math.inf,
 ) -> dict[str, Alternative]:
+    """Every strategy's modelled cost; a guard that fires costs the cheaper exact answer:
+    the pre-filter, or ``fallback_ms`` (the posting matrices of the pinned values)."""
     dim = vi.dim
     sc = cm.scale  # learned actual / modelled cost per strategy (see _learn_cost)
     grow = _growing_ms(vi, cm, pred, cand, c, n)
@@ -494,7 +508,7 @@ def _costs(
     seen = ds.feedback.get(fkey, {}) if pred is not None else {}
     if pred is not None:
         p_fail = 1.0 if kp * sel < k else seen.get("postfilter", 0.0)
-        post += p_fail * pre_s
+        post += p_fail * min(pre_s, fallback_ms)
         detail += f", guard fires {p_fail:.0%} -> + exact"
     out["postfilter"] = Alternative("postfilter", post, detail, own)
     if pred is not None:
@@ -504,7 +518,7 @@ def _costs(
         ef_eff = min(n, ef / max(sel, 1e-9))
         visits = min(n, cm.visits_per_ef * ef_eff)
         tried = mat + cm.hnsw_ms(min(c, ef_eff), dim, vi.column) + c * cm.callback_ns * 1e-6
-        aborted = tried * s_ins + pre_s
+        aborted = tried * s_ins + min(pre_s, fallback_ms)
         if visits > c:  # the visit guard aborts and the exact path answers
             ins, base = aborted, 0.0
             note = f"~{visits:.0f} visits > {c} candidates: guard then exact"
@@ -644,6 +658,9 @@ def _fallback(
     why: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     info.guard = why
+    if info.fallback is not None:  # the pinned values' posting matrices: cheaper, exact
+        info.executed = "partition"
+        return info.fallback()  # type: ignore[no-any-return]
     info.executed = "prefilter"
     info.guarantee = "exact"
     if cand is None:
@@ -691,7 +708,11 @@ def _postfilter(
         rate = len(labels) / walked  # this query's neighbourhood, not global selectivity
         kp2 = math.ceil(need * OVERSAMPLE / rate) + k
         wider = cm.hnsw_ms(kp2, vi.dim, vi.column) + check_ms(pred, cand, kp2, cm, n)
-        if kp2 <= KPRIME_CAP and wider < _alt_ms(info, "prefilter"):
+        exact_ms = min(
+            _alt_ms(info, "prefilter"),
+            _alt_ms(info, "partition") if info.fallback is not None else math.inf,
+        )
+        if kp2 <= KPRIME_CAP and wider < exact_ms:
             labels, dists = vi.knn(q, kp2, kp2)
             walked = len(labels)
             labels, dists = _keep(ds, labels, dists, pred, cand)
@@ -951,9 +972,8 @@ def _partition(
         seg = seg & cand if cand is not None else pred.evaluate(seg & ds.live)  # type: ignore[union-attr]
         got.append(exact_on(vi, q, array_of(seg), k, cm))
     if exact_keys:
-        info.guard = (
-            f"{exact_keys} of {len(keys)} value walk(s) fell short: exact on their candidates"
-        )
+        short = f"{exact_keys} of {len(keys)} value walk(s) fell short: exact on their candidates"
+        info.guard = f"{info.guard}; {short}" if info.guard else short
     info.guarantee = (
         f"unverified: {'; '.join(unverified)}"
         if unverified
