@@ -27,7 +27,7 @@ FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 CONFIG_KEYS = {
     "connections", "datasets", "bindings", "signals", "ingest", "crypto", "sandbox",
-    "server", "agents", "functions", "tracing",
+    "server", "agents", "functions", "tracing", "executor",
 }  # fmt: skip
 DELEGATED = {"serve", "demo", "mcp"}
 

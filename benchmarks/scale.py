@@ -1,0 +1,402 @@
+"""Past one machine: local mode vs Ray with 1, 2 and 4 workers / shards (issue 16).
+
+Three parts, each printing a table (docs/scale.md explains them and the model built on
+them):
+
+1. **Ray's own costs** on this machine: cluster start, idle memory of its processes,
+   task and actor round trips, a scatter/gather over 4 actors, and moving a 16 MB Arrow
+   table through the object store.
+2. **Retrieval**: ``--n`` vectors (``--dim``-d float32, l2, HNSW M=16) in one local
+   dataset vs sharded over 1, 2 and 4 Ray actors (fabric.ray.shards); ``--queries`` top-10
+   queries: p50 / p95 / p99 latency, throughput with one client and with ``--clients``
+   threads, each shard's own search time (p50, p99), and memory per shard. Then the
+   fan-out model's prediction of the sharded p50 / p99 (order statistics of the measured
+   1-shard distribution, plus the measured scatter overhead) next to what was measured.
+3. **Federated**: TPC-H queries (``--tpch``, SF ``--sf``; benchmarks/tpch) local vs
+   ``executor: ray`` with 1, 2 and 4 scan tasks per scan: p50 latency and throughput.
+
+    .venv/bin/python benchmarks/scale.py                       # everything (~5-10 min)
+    .venv/bin/python benchmarks/scale.py --n 20000 --queries 100 --skip-tpch   # quick
+
+Servers (part 3): `scripts/services up`; `set -a && . .services/env && set +a`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def table(title: str, header: list[str], rows: list[list[object]]) -> None:
+    print(f"\n{title}")
+    cells = [header, *[[c if isinstance(c, str) else f"{c:,.3g}" for c in r] for r in rows]]
+    widths = [max(len(str(r[i])) for r in cells) for i in range(len(header))]
+    for j, r in enumerate(cells):
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def ray_pids(cluster) -> list[int]:
+    """The started node's processes and their children (workers)."""
+    pids = set(cluster.pids)
+    out = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True).stdout
+    parent = {}
+    for line in out.splitlines()[1:]:
+        a, b = line.split()
+        parent[int(a)] = int(b)
+    grown = True
+    while grown:
+        new = {p for p, pp in parent.items() if pp in pids and p not in pids}
+        grown = bool(new)
+        pids |= new
+    return sorted(pids)
+
+
+# ---------------------------------------------------------------- 1. Ray's own costs
+
+
+def ray_costs(cluster) -> dict[str, float]:
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def echo(x):
+        return x
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def f(self, x):
+            return x
+
+    ray.get(echo.remote(0))
+    time.sleep(2)  # let pre-started workers settle
+    idle = rss_mb(ray_pids(cluster))
+    rt = []
+    for i in range(100):
+        t0 = time.perf_counter()
+        ray.get(echo.remote(i))
+        rt.append((time.perf_counter() - t0) * 1e3)
+    actors = [Echo.remote() for _ in range(4)]
+    ray.get([a.f.remote(0) for a in actors])
+    art, sg = [], []
+    for i in range(200):
+        t0 = time.perf_counter()
+        ray.get(actors[0].f.remote(i))
+        art.append((time.perf_counter() - t0) * 1e3)
+    for i in range(200):
+        t0 = time.perf_counter()
+        ray.get([a.f.remote(i) for a in actors])
+        sg.append((time.perf_counter() - t0) * 1e3)
+    t = pa.table({"a": np.arange(1_000_000), "b": np.random.default_rng(0).random(1_000_000)})
+    mv = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        ray.get(echo.remote(t))
+        mv.append((time.perf_counter() - t0) * 1e3)
+    for a in actors:
+        ray.kill(a)
+    out = {
+        "start_s": cluster.start_seconds,
+        "idle_mb": idle,
+        "task_p50_ms": pct(rt, 50),
+        "task_p99_ms": pct(rt, 99),
+        "actor_p50_ms": pct(art, 50),
+        "actor_p99_ms": pct(art, 99),
+        "scatter4_p50_ms": pct(sg, 50),
+        "scatter4_p99_ms": pct(sg, 99),
+        "arrow16mb_p50_ms": pct(mv, 50),
+    }
+    table(
+        "Ray's own costs (local cluster, 2 CPUs)",
+        ["measure", "value"],
+        [
+            ["cluster start (s)", out["start_s"]],
+            ["idle memory of its processes (MB RSS)", out["idle_mb"]],
+            [
+                "task round trip p50 / p99 (ms)",
+                f"{out['task_p50_ms']:.2f} / {out['task_p99_ms']:.2f}",
+            ],
+            ["actor call p50 / p99 (ms)", f"{out['actor_p50_ms']:.2f} / {out['actor_p99_ms']:.2f}"],
+            [
+                "scatter/gather over 4 actors p50 / p99 (ms)",
+                f"{out['scatter4_p50_ms']:.2f} / {out['scatter4_p99_ms']:.2f}",
+            ],
+            ["16 MB Arrow table there and back p50 (ms)", out["arrow16mb_p50_ms"]],
+        ],
+    )
+    return out
+
+
+# ---------------------------------------------------------------- 2. retrieval
+
+
+def retrieval(args, cluster, costs) -> None:
+    from fabric.ray.shards import ShardedDataset
+    from indexes.dataset import Dataset
+
+    rng = np.random.default_rng(7)
+    centers = rng.standard_normal((32, args.dim)).astype(np.float32) * 3
+    vecs = (centers[rng.integers(0, 32, args.n)] + rng.standard_normal((args.n, args.dim))).astype(
+        np.float32
+    )
+    queries = (
+        centers[rng.integers(0, 32, args.queries)] + rng.standard_normal((args.queries, args.dim))
+    ).astype(np.float32)
+    schema = pa.schema(
+        [pa.field("id", pa.int64()), pa.field("vec", pa.list_(pa.float32(), args.dim))]
+    )
+    data = pa.table(
+        {
+            "id": pa.array(np.arange(args.n), pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), args.dim),
+        },
+        schema=schema,
+    )
+    indexes = {"vec": {"kind": "hnsw", "metric": "l2"}}
+    k = 10
+    rows: list[list[object]] = []
+    shard_ms: dict[int, list[float]] = {}
+    lat: dict[str, list[float]] = {}
+
+    def bench(name: str, search) -> None:
+        for q in queries[:10]:
+            search(q)  # warm
+        xs = []
+        for q in queries:
+            t0 = time.perf_counter()
+            search(q)
+            xs.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(search, queries))
+        conc = len(queries) / (time.perf_counter() - t0)
+        lat[name] = xs
+        rows.append([name, pct(xs, 50), pct(xs, 95), pct(xs, 99), 1e3 / np.mean(xs), conc])
+
+    log(f"retrieval: local dataset, {args.n:,} x {args.dim}-d, building HNSW")
+    t0 = time.perf_counter()
+    local = Dataset.create("vecs", schema, "id", indexes, background_fold=False)
+    local.upsert(data)
+    local.flush()
+    build = {"local": time.perf_counter() - t0}
+    mem = {"local": sum(local.nbytes().values()) / 1e6}
+    bench("local", lambda q: local.search("vec", q, k, columns=["id"]))
+    truth = [local.search("vec", q, k, columns=["id"], strategy="exact")[0] for q in queries[:50]]
+    recall: dict[str, float] = {}
+
+    def recall_of(search) -> float:
+        hit = 0
+        for q, t in zip(queries[:50], truth):
+            got = set(search(q)["id"].to_pylist())
+            hit += len(got & set(t["id"].to_pylist()))
+        return hit / (50 * k)
+
+    recall["local"] = recall_of(lambda q: local.search("vec", q, k, columns=["id"])[0])
+    local.close()
+    for n in args.shards:
+        log(f"retrieval: {n} shard(s), building")
+        with tempfile.TemporaryDirectory(prefix="fabric-scale-") as tmp:
+            ds = ShardedDataset(cluster, "vecs", schema, "id", indexes, shards=n, state_dir=tmp)
+            t0 = time.perf_counter()
+            ds.upsert(data)
+            ds.flush()
+            build[f"{n} shards"] = time.perf_counter() - t0
+            mem[f"{n} shards"] = max(ds.nbytes()) / 1e6
+            per: list[float] = []
+
+            def search(q, ds=ds, per=per):
+                t = ds.search("vec", q, k, columns=["id"])
+                per.extend(ds.last_shard_ms)
+                return t
+
+            bench(f"{n} shards", search)
+            shard_ms[n] = list(per)
+            recall[f"{n} shards"] = recall_of(search)
+            ds.close()
+    base = rows[0]
+    table(
+        f"Retrieval: top-{k} of {args.n:,} x {args.dim}-d (HNSW, l2), {args.queries} queries",
+        [
+            "mode",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "qps 1 client",
+            f"qps {args.clients} clients",
+            "p50 / local",
+            "recall@10",
+            "build s",
+            "MB per shard",
+        ],
+        [
+            [*r, r[1] / base[1], recall[r[0]], build[r[0]], mem.get(r[0], float("nan"))]
+            for r in rows
+        ],
+    )
+    # the fan-out model (docs/scale.md): a query's latency = o(N) + the slowest of N shard
+    # searches, shard times drawn from the 1-shard run's distribution; the scatter/gather
+    # overhead o(N) = a + b (N - 1) is fitted on the 1- and 2-shard medians and checked at
+    # the larger shard counts
+    if 1 in shard_ms and 2 in shard_ms:
+        one = np.asarray(shard_ms[1])
+        sim = np.random.default_rng(1)
+
+        def slowest(n: int) -> np.ndarray:
+            return sim.choice(one, size=(20000, n)).max(axis=1)
+
+        o1 = pct(lat["1 shards"], 50) - float(np.median(slowest(1)))
+        o2 = pct(lat["2 shards"], 50) - float(np.median(slowest(2)))
+        a, b = o1, o2 - o1
+        pred_rows = []
+        for n in args.shards:
+            draws = slowest(n) + a + b * (n - 1)
+            meas = lat[f"{n} shards"]
+            pred_rows.append(
+                [
+                    f"{n} shards" + (" (fit)" if n <= 2 else " (check)"),
+                    pct(shard_ms[n], 50),
+                    pct(shard_ms[n], 99),
+                    a + b * (n - 1),
+                    np.percentile(draws, 50),
+                    pct(meas, 50),
+                    np.percentile(draws, 99),
+                    pct(meas, 99),
+                ]
+            )
+        table(
+            f"Fan-out model vs measured (ms): o(N) = {a:.2f} + {b:.2f} (N - 1), shard times "
+            "from the 1-shard run",
+            [
+                "mode",
+                "shard p50",
+                "shard p99",
+                "o(N)",
+                "pred p50",
+                "meas p50",
+                "pred p99",
+                "meas p99",
+            ],
+            pred_rows,
+        )
+
+
+# ---------------------------------------------------------------- 3. federated
+
+
+def federated(args, cluster) -> None:
+    import fabric
+    from benchmarks.tpch import harness as H
+    from benchmarks.tpch import load
+    from benchmarks.tpch.queries import QUERIES, Vocab
+    from fabric.ray.scan import RayScans
+
+    data = load.prepare(args.sf)
+    local = H.open_fabric(data)
+    on_ray = fabric.open(
+        str(H.CONFIG), ingest=False, watch=False, executor={"kind": "ray", "min_rows": 0}
+    )
+    vocab = Vocab.of(data.tables)
+    rows = []
+    try:
+        for name in args.tpch.split(","):
+            q = QUERIES[name]
+            session = H.session_values(name, q.params(args.sf, None, vocab))
+            cl, cr = H.compile_binding(local, name), H.compile_binding(on_ray, name)
+            modes = [("local", local, cl, None)] + [
+                (f"ray {w} task(s)", on_ray, cr, w) for w in args.workers
+            ]
+            ref = None
+            base = None
+            for label, fab, comp, w in modes:
+                if w is not None:
+                    on_ray.catalog.executor.scans = RayScans(cluster, min_rows=0, tasks=w)
+                res = H.run_binding(fab, comp, session)  # warm (and the answer)
+                if ref is None:
+                    ref = res.table
+                elif not res.table.equals(ref):
+                    raise AssertionError(f"{name} {label}: a different table than local mode")
+                xs = []
+                for _ in range(args.repeat):
+                    t0 = time.perf_counter()
+                    H.run_binding(fab, comp, session)
+                    xs.append((time.perf_counter() - t0) * 1e3)
+                p50 = pct(xs, 50)
+                base = base or p50
+                tasks = sum(s.get("ray", {}).get("tasks", 0) for s in res.stats["sources"].values())
+                rows.append([name, label, p50, pct(xs, 95), 1e3 / np.mean(xs), p50 / base, tasks])
+    finally:
+        on_ray.close()
+        local.close()
+    table(
+        f"Federated: TPC-H SF {args.sf} (lineitem in S3, orders/customer in MariaDB, ...), "
+        f"{args.repeat} runs each, tables equal to local mode",
+        ["query", "mode", "p50 ms", "p95 ms", "qps", "p50 / local", "ray tasks"],
+        rows,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--shards", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
+    ap.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
+    ap.add_argument("--sf", type=float, default=0.01)
+    ap.add_argument("--tpch", default="q01,q03,q06,q10,q12")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--skip-tpch", action="store_true")
+    ap.add_argument("--skip-retrieval", action="store_true")
+    args = ap.parse_args()
+    from fabric.ray import cluster as C
+
+    log(f"starting a local Ray cluster ({args.num_cpus} CPUs); load {os.getloadavg()[0]:.1f}")
+    cluster = C.acquire(ROOT / ".fabric" / "ray", num_cpus=args.num_cpus)
+    try:
+        costs = ray_costs(cluster)
+        if not args.skip_retrieval:
+            retrieval(args, cluster, costs)
+        if not args.skip_tpch:
+            federated(args, cluster)
+    finally:
+        C.release(cluster)
+    log(f"done; load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
