@@ -470,3 +470,64 @@ def test_fabric_query_exports_its_span_on_exit(tmp_path: Path) -> None:
         assert q["fabric.session.value.min_qty"].startswith("hmac:")
     finally:
         rx.close()
+
+
+def test_sandbox_and_ckks_steps_are_spans_with_their_cost(tmp_path: Path) -> None:
+    import crypto
+
+    ring = crypto.KeyRing.generate()
+    (tmp_path / "agent.pub").write_bytes(ring.public_context())
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "fabric.yaml").write_text(
+        "connections:\n"
+        '  risk: {kind: memory, schemas: {policies: {name: str, weights: "vector[3]"}}}\n'
+        "bindings: [agents/]\ncrypto: {public_context: agent.pub}\n"
+        "tracing: {prices: {sandbox_cpu_second: 10.0, ckks_op: 0.5}}\n"
+    )
+    (tmp_path / "agents" / "risk.yaml").write_text(
+        "binding: risk_check\n"
+        'session: {ctx: "encrypted[3]"}\n'
+        "sources:\n  p: {from: memory://risk/policies}\n"
+        "select:\n  - p.name\n"
+        "  - risk: weighted({{session.ctx}}, [0.5, 0.3, 0.2], 0.1)\n"
+        "  - score: dot({{session.ctx}}, p.weights)\n"
+    )
+    (tmp_path / "agents" / "py.yaml").write_text(
+        "binding: py\nsources:\n  p: {from: memory://risk/policies}\nselect: [p.name]\n"
+        "pushdown:\n  python: |\n    def run(table):\n        return table.slice(0, 1)\n"
+    )
+    with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as f:
+        f.catalog.connection("risk").add(
+            "policies",
+            pa.table(
+                {
+                    "name": ["strict", "lax"],
+                    "weights": pa.array(
+                        [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]], pa.list_(pa.float32(), 3)
+                    ),
+                }
+            ),
+        )
+        f.catalog.refresh()
+        ctx = ring.encrypt([0.7, 0.2, 0.9])
+        assert len(f.query("risk_check", {"ctx": ctx}, session_id="s-ckks")) == 2
+        assert f.query("py", session_id="s-py").to_pylist() == [{"name": "strict"}]
+        f.tracer.flush()
+        spans = f.tracer.spans()
+        ckks = [s for s in spans if s.name == "EncryptedScore"]
+        assert sorted(s.attributes["fabric.ckks.ops"] for s in ckks) == [1, 2]  # shared, per row
+        q = next(s for s in spans if s.name == "query risk_check")
+        assert q.attributes["fabric.cost.ckks_ops"] == 3
+        assert q.attributes["fabric.cost.price"] == pytest.approx(3 * 0.5)
+        assert q.attributes["fabric.session.value.ctx"] == "[EncryptedVector]"
+        sandbox = next(s for s in spans if s.name == "UserFunction")
+        secs = sandbox.attributes["fabric.sandbox.seconds"]
+        assert 0 < secs == pytest.approx((sandbox.end_time - sandbox.start_time) / 1e9, rel=0.01)
+        assert sandbox.attributes["fabric.rows"] == 1
+        cost = f.tracer.costs.session("s-py")["total"]
+        assert cost["sandbox_seconds"] == pytest.approx(secs)
+        assert cost["price"] == pytest.approx(secs * 10.0)
+        blob = b"".join(s.to_json().encode() for s in spans)
+        assert (
+            ctx.serialize()[-64:] not in blob and ctx.serialize()[-64:].hex().encode() not in blob
+        )

@@ -75,14 +75,17 @@ class Redactor:
             return str(v)
         if name in self.redact or self.mode == "redact":
             return "[redacted]"
-        digest = hmac.new(self._key, repr(v).encode(), hashlib.sha256).hexdigest()[:16]
+        if type(v).__name__.startswith("Encrypted"):  # a CKKS ciphertext: its kind only
+            return f"[{type(v).__name__}]"
+        data = bytes(v) if isinstance(v, bytes | bytearray) else repr(v).encode()
+        digest = hmac.new(self._key, data, hashlib.sha256).hexdigest()[:16]
         return f"hmac:{digest}"
 
     def text(self, s: str, params: Mapping[str, Any]) -> str:
         """``s`` (an error message) with every session value not recorded in clear replaced."""
         for name, v in params.items():
-            if name in self.record or v is None or isinstance(v, bool):
-                continue
+            if name in self.record or v is None or isinstance(v, bool | bytes | bytearray):
+                continue  # (a ciphertext's text is not in a message)
             for form in {str(v), repr(v)}:
                 if len(form) >= 2 and form in s:
                     s = s.replace(form, self.value(name, v))
