@@ -53,8 +53,16 @@ def _headlines(n: int, start: int = 0) -> pa.Table:
 
 
 def run(
-    env: dict[str, str], check: Any, *, cleanup_topic: bool = False, progress: Any = None
+    env: dict[str, str],
+    check: Any,
+    *,
+    cleanup_topic: bool = False,
+    progress: Any = None,
+    record: list[dict[str, Any]] | None = None,
 ) -> None:
+    """The scenario; ``record`` (a list) gets a sample per signal and per catch-up poll:
+    ``{"t": seconds since start, "lag": messages or None, "event": data_stale/... or None,
+    "agents": {name: "GPU 0" | "waiting" | "parked"}}`` (examples/incident/plot.py)."""
     import os
 
     from fabric.demo_progress import Progress
@@ -95,6 +103,10 @@ def run(
                 f"lag={event.get('lag_messages')} messages"
             )
         orig(event)
+        if record is not None:
+            kind = event.get("event")
+            scoped = kind if event.get("scope", "source") == "source" else None
+            record.append(_sample(sched, t0, lag, scoped if kind != "heartbeat" else None))
 
     sched.on_signal = on_signal  # type: ignore[method-assign]
     for name, binding in [
@@ -114,12 +126,23 @@ def run(
         }
     )
     try:
-        _incident(env, check, topic, sched, events, timeline, log, stop, t0, peak, progress)
+        _incident(env, check, topic, sched, events, timeline, log, stop, t0, peak, progress, record)
     finally:
         stop.set()
         shutil.rmtree(state, ignore_errors=True)  # the dataset's checkpoints (~30 MB)
         if cleanup_topic:  # on the shared servers: do not leave 10^5 messages behind
             _delete_topic(env["FABRIC_KAFKA_BOOTSTRAP"], topic)
+
+
+def _sample(sched: Any, t0: float, lag: Any, event: str | None) -> dict[str, Any]:
+    held = sched.holding()
+    parked = set(sched.parked())
+    agents = {
+        name: f"GPU {held[name]}" if name in held else "parked" if name in parked else "waiting"
+        for name in sched.agents
+    }
+    lag = lag if isinstance(lag, int) else None
+    return {"t": time.time() - t0, "lag": lag, "event": event, "agents": agents}
 
 
 def _delete_topic(bootstrap: str, topic: str) -> None:
@@ -144,6 +167,7 @@ def _incident(
     t0: float,
     peak: list[int],
     progress: Any,
+    record: list[dict[str, Any]] | None = None,
 ) -> None:
     import fabric
     from examples.seed.load import produce
@@ -201,6 +225,8 @@ def _incident(
                     lag = src.get("lag_messages")
                     if isinstance(lag, int) and lag > peak[0]:
                         peak[0] = lag
+                    if record is not None and isinstance(lag, int):
+                        record.append(_sample(sched, t0, lag, None))
                 step.update(ds.count())
                 time.sleep(0.2)
         log(

@@ -89,3 +89,22 @@ def test_example_runs_as_its_readme_says(name, args, tmp_path):
     assert "[ok]" in text and "MISMATCH" not in text, text[-4000:]
     left = [p.name for p in tmp_path.glob("fabric-*")]  # (lark's grammar cache may stay)
     assert left == [], f"the example left files behind: {left}"
+
+
+def test_the_incident_plot_draws_a_recorded_run(tmp_path):
+    pytest.importorskip("matplotlib")
+    from examples.incident.plot import plot
+
+    def agents(parked: bool) -> dict[str, str]:
+        a = {"analyst-1": "parked", "analyst-2": "parked"} if parked else {
+            "analyst-1": "GPU 0", "analyst-2": "GPU 1"}  # fmt: skip
+        return {**a, "shopper-1": "GPU 0" if parked else "waiting", "shopper-2": "waiting"}
+
+    record = [
+        {"t": 0.0, "lag": 0, "event": None, "agents": agents(False)},
+        {"t": 1.0, "lag": 1500, "event": "data_stale", "agents": agents(True)},
+        {"t": 2.0, "lag": 9000, "event": None, "agents": agents(True)},
+        {"t": 4.0, "lag": 0, "event": "data_fresh", "agents": agents(False)},
+    ]
+    out = plot(record, tmp_path / "incident.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000

@@ -9,7 +9,10 @@ others; when ingestion has caught up, ``data_fresh`` releases them. Checked: the
 (one data_stale, then data_fresh, no flapping), every answer above the bound flagged
 stale, the parking and releasing, and every headline in the dataset exactly once.
 
-    python examples/incident/agent.py
+    python examples/incident/agent.py [--png incident.png]
+
+``--png`` also draws the lag and the agents' states over time (examples/incident/plot.py;
+needs matplotlib: ``pip install 'agent-data-fabric[docs]'``) and prints the file's path.
 """
 
 from __future__ import annotations
@@ -28,12 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     from fabric.demo import Check
     from fabric.demo_local import LocalStack
 
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--png", metavar="FILE", help="draw the lag and the agents' states here")
+    args = ap.parse_args(argv)
     check = Check()
+    record: list[dict] = []
     with LocalStack() as stack:  # noida-db as a child process, removed when done
         env = stack.start(kafka=True, mongo=False)
         os.environ.update(env)  # examples/incident/fabric.yaml reads the addresses from it
-        demo_incident.run(env, check)
+        demo_incident.run(env, check, record=record)
+    if args.png:
+        from examples.incident.plot import plot
+
+        print(f"  wrote {plot(record, args.png)} ({len(record)} samples)")
     return 1 if check.failures else 0
 
 
