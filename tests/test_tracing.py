@@ -438,6 +438,7 @@ def test_seed_scenario_spans_hold_what_the_plan_did(world, scenario) -> None:
     assert q.attributes["fabric.rows_fetched"] == analyzed.rows_fetched
 
 
+@pytest.mark.slow
 def test_fabric_query_exports_its_span_on_exit(tmp_path: Path) -> None:
     """``fabric query --session-id``: the CLI's process exports the query's spans by
     OTLP/HTTP before it exits (closing the fabric flushes the batch processor)."""
@@ -472,6 +473,7 @@ def test_fabric_query_exports_its_span_on_exit(tmp_path: Path) -> None:
         rx.close()
 
 
+@pytest.mark.slow
 def test_sandbox_and_ckks_steps_are_spans_with_their_cost(tmp_path: Path) -> None:
     import crypto
 

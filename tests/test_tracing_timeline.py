@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # one fabric serve subprocess for the module (~20 s)
+
 TOKEN = "ops-token-0123456789abcdef"
 OTHER = "other-token-0123456789abcdef"
 
