@@ -283,8 +283,11 @@ def rrf(ranked: Sequence[np.ndarray], rrf_k: int = RRF_K) -> tuple[np.ndarray, n
     highest first; ties keep the order of the first list holding the row, then the
     next, then row id. A row listed twice in one list counts at its best rank."""
     parts = [np.asarray(x, np.int64) for x in ranked]
-    if not parts or not sum(len(p) for p in parts):
+    total = sum(len(p) for p in parts)
+    if not total:
         return np.empty(0, np.int64), np.empty(0, np.float64)
+    if total <= 512:  # the usual size (two arms of k rows): plain Python is ~2x faster
+        return _rrf_small(parts, rrf_k)
     ids = np.concatenate(parts)
     arm = np.concatenate([np.full(len(p), a) for a, p in enumerate(parts)])
     pos = np.concatenate([np.arange(1, len(p) + 1) for p in parts])
@@ -302,6 +305,20 @@ def rrf(ranked: Sequence[np.ndarray], rrf_k: int = RRF_K) -> tuple[np.ndarray, n
     keys = [uniq, *ranks[::-1], -score]  # lexsort: last key first
     o = np.lexsort(keys)
     return uniq[o], score[o]
+
+
+def _rrf_small(parts: list[np.ndarray], rrf_k: int) -> tuple[np.ndarray, np.ndarray]:
+    score: dict[int, float] = {}
+    best: dict[tuple[int, int], int] = {}
+    for arm, ids in enumerate(parts):
+        for r, rid in enumerate(ids.tolist(), start=1):
+            if (rid, arm) not in best:
+                best[rid, arm] = r
+                score[rid] = score.get(rid, 0.0) + 1.0 / (rrf_k + r)
+    big = 1 << 62
+    arms = range(len(parts))
+    rows = sorted(score, key=lambda x: (-score[x], *[best.get((x, a), big) for a in arms], x))
+    return np.array(rows, np.int64), np.array([score[x] for x in rows], np.float64)
 
 
 _US = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}  # microseconds per timestamp unit

@@ -494,3 +494,22 @@ def test_recency_decay_of_a_null_timestamp_is_zero() -> None:
         if r["ts"] is not None:
             assert r["_score"] > 0.0
     ds.close()
+
+
+def test_rrf_small_and_large_paths_agree() -> None:
+    rng = np.random.default_rng(9)
+    for n in (5, 40, 300, 2000):  # 2000 + 2000 entries take the numpy path
+        a = rng.choice(5 * n, n, replace=False)
+        b = np.concatenate([rng.choice(5 * n, n - 3, replace=False), a[:3]])
+        ids, s = rrf([a, b], 60)
+        ref: dict[int, float] = {}
+        for lst in (a, b):
+            seen = set()
+            for r, key in enumerate(lst.tolist(), start=1):
+                if key not in seen:
+                    seen.add(key)
+                    ref[key] = ref.get(key, 0.0) + 1 / (60 + r)
+        assert sorted(ref) == sorted(ids.tolist())
+        assert s.tolist() == pytest.approx(sorted(ref.values(), reverse=True), rel=1e-12)
+        for key, v in zip(ids.tolist(), s.tolist()):
+            assert v == pytest.approx(ref[key], rel=1e-12)
