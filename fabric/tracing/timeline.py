@@ -135,6 +135,7 @@ def timeline(tracer: Any, session_id: str, *, may_see: Any = None) -> dict[str, 
             "spans": len(tracer.ring),
             "capacity": tracer.ring.capacity,
             "dropped": tracer.ring.dropped,
+            "runs_not_recorded": tracer.dropped_runs,
         },
     }
 

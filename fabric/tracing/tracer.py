@@ -30,6 +30,7 @@ from fabric.tracing.cost import CostBook, QueryCost, connection_of
 
 log = logging.getLogger("fabric.tracing")
 
+MAX_QUEUED = 10_000  # finished runs waiting for the worker; past it new ones are dropped
 LAG_SAMPLES = 20_000  # about 5.5 hours of one source at a 1 s heartbeat
 
 _SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -125,6 +126,7 @@ class Tracer:
         #: (unix ns, source, lag in messages) from the signals and heartbeats, newest last
         self.lag_samples: deque[tuple[int, str, int]] = deque(maxlen=LAG_SAMPLES)
         self.errors = 0  # runs the worker could not turn into spans (logged)
+        self.dropped_runs = 0  # runs not recorded because the worker was MAX_QUEUED behind
 
     def attach(self, tracker: Any) -> None:
         """Record the freshness signals of ``tracker`` (a ``fabric.freshness.FreshnessTracker``):
@@ -151,11 +153,17 @@ class Tracer:
         except BaseException as e:
             self._put((run, None, e, sid, version, wall0, perf0, time.perf_counter()))
             raise
-        self._put((run, res, None, sid, version, wall0, perf0, time.perf_counter()))
+        perf1 = time.perf_counter()
+        # every unit is done: the inputs' tables are not kept alive while the run waits
+        run.done, run.futures, run.stage_tables = {}, {}, {}
+        self._put((run, res, None, sid, version, wall0, perf0, perf1))
         return res
 
     def _put(self, item: Any) -> None:
         if self._closed:
+            return
+        if self._queue.qsize() >= MAX_QUEUED:  # the worker is far behind: drop, and count
+            self.dropped_runs += 1
             return
         if self._thread is None:
             with self._start_lock:
