@@ -272,3 +272,53 @@ def test_a_flight_client_names_its_session(served) -> None:
     qs = json.loads(body)["queries"]
     assert [q["binding"] for q in qs] == ["top_products", "query"]
     assert [q["rows"] for q in qs] == [len(res), len(text)]
+
+
+def test_real_prometheus_scrapes_the_session_cost(served, prometheus_bin, tmp_path: Path) -> None:
+    import socket
+    import urllib.parse
+
+    _, url = served
+    _run_session(url, "conv-prom", 2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    target = url.split("://", 1)[1]
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n  - job_name: fabric\n"
+        f"    static_configs: [{{targets: ['{target}']}}]\n"
+    )
+    proc = subprocess.Popen(
+        [
+            prometheus_bin,
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("wb"),
+    )
+    try:
+        q = urllib.parse.urlencode(
+            {
+                "query": 'sum by (connection) (fabric_session_source_calls_total{session="conv-prom"})'
+            }
+        )
+        value, deadline = None, time.monotonic() + 60
+        while value is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            try:
+                _, body, _ = _call(f"http://127.0.0.1:{port}/api/v1/query?{q}", None)
+            except OSError:
+                continue
+            res = json.loads(body)["data"]["result"]
+            if res:
+                assert res[0]["metric"]["connection"] == "local"
+                value = float(res[0]["value"][1])
+        assert value == 4.0  # 2 queries x 2 sources
+    finally:
+        proc.terminate()
+        proc.wait(10)
