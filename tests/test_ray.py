@@ -249,3 +249,36 @@ def test_sql_scan_keeps_a_doubles_digits_in_the_first_row(mariadb_url) -> None:
         conn.close()
         with eng.begin() as c:
             c.execute(sa.text("DROP TABLE ray_first_double"))
+
+
+def test_kafka_splits_by_partitions_and_gives_the_local_rows(
+    ray_cluster, kafka_bootstrap, new_topic
+) -> None:
+    import json
+
+    from confluent_kafka import Producer
+
+    from connectors.kafka import KafkaConnection
+
+    topic = new_topic(partitions=3, prefix="ray_scan")
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    for i in range(900):
+        p.produce(topic, key=f"k{i}".encode(), value=json.dumps({"id": i, "v": i * 0.5}).encode())
+    assert p.flush(30) == 0
+    conn = KafkaConnection(
+        "bus",
+        {
+            "kind": "kafka",
+            "bootstrap": kafka_bootstrap,
+            "schemas": {topic: {"id": "int", "v": "float"}},
+        },
+    )
+    try:
+        src = conn.source(topic)
+        local, remote, info = _local_and_ray(src, RayScans(ray_cluster, min_rows=0, tasks=2))
+        assert (info["split"], info["tasks"]) == ("partitions", 2)
+        assert local.num_rows == 900
+        # the same rows; a local scan interleaves partitions as it consumed them
+        assert remote.sort_by("id").equals(local.sort_by("id"))
+    finally:
+        conn.close()

@@ -18,13 +18,18 @@ or ``None`` when the scan should stay local. A scan goes to Ray only when it is 
                 were taken are still read), sent as extra bound filters
   mongo         ranges of ``_id`` (ObjectId or integer; open at both ends) merged into
                 the find filter
+  kafka         partitions, in contiguous groups; each task reads its partitions from
+                their low watermarks to their ends as the scan starts (``cache: false``
+                in the worker: no tail cache per worker); rows come partition by
+                partition: a local scan's rows, not its interleaving order
   ============  ==========================================================================
 
 Each task opens the connection in its worker (``open_connection(name, options)``; kept
 per worker process), runs the connector's own ``scan`` over its piece and returns Arrow
 record batches through the object store; the driver concatenates them in split order,
 so a scan gives the rows a local scan gives (in the order of the split key: the order
-in which a local scan reads files, and the primary-key / ``_id`` order of the ranges).
+in which a local scan reads files, and the primary-key / ``_id`` order of the ranges;
+Kafka partition by partition).
 Tasks ask for one CPU each, so at most ``num_cpus`` run at once.
 """
 
@@ -54,11 +59,12 @@ DEFAULT_MIN_ROWS = 100_000
 
 @dataclass(frozen=True)
 class Split:
-    """One piece of a scan: ``kind`` 'files' (paths), 'range' (extra filters + params)
-    or 'mongo_id' (lo, hi)."""
+    """One piece of a scan: ``kind`` 'files' (paths), 'range' (extra filters + params),
+    'mongo_id' (lo, hi) or 'partitions' (Kafka partitions)."""
 
     kind: str
     files: tuple[str, ...] = ()
+    partitions: tuple[int, ...] = ()
     filters: tuple[Any, ...] = ()
     params: Mapping[str, Any] | None = None
     lo: Any = None
@@ -79,13 +85,19 @@ def plan_splits(source: Any, request: ScanRequest, tasks: int) -> list[Split]:
     """The pieces of a scan of ``source`` (at most ``tasks``; [] when it does not split)."""
     kind = source.uri.partition("://")[0]
     if tasks < 2:  # one task: the whole scan, unsplit, in a worker
-        return [Split("range")] if kind in ("s3", "mongo") or hasattr(source, "table") else []
+        whole = kind in ("s3", "mongo", "kafka") or hasattr(source, "table")
+        return [Split("range")] if whole else []
     if kind == "s3":
         return _s3_splits(source, tasks)
     if hasattr(source, "table") and hasattr(source, "translate"):  # connectors.sql
         return _sql_splits(source, tasks)
     if kind == "mongo":
         return _mongo_splits(source, tasks)
+    if kind == "kafka":
+        parts = sorted(getattr(source, "partitions", ()))
+        if len(parts) < 2:
+            return []
+        return [Split("partitions", partitions=tuple(g)) for g in _chunks(parts, tasks)]
     return []
 
 
@@ -197,6 +209,8 @@ def run_split(
 ) -> tuple[list[pa.RecordBatch] | _Failure, float]:
     """Read one piece (in a Ray worker): the connector's scan over it."""
     t0 = time.perf_counter()
+    if options.get("kind") == "kafka":  # a bounded read of its partitions, not a tail cache
+        options = {**options, "cache": False}
     src = _worker_source(name, options, obj)
     if split.kind == "range":
         request = replace(
@@ -208,6 +222,9 @@ def run_split(
         src = _files_view(src, split)
     elif split.kind == "mongo_id":
         src = _mongo_view(src, split.lo, split.hi)
+    elif split.kind == "partitions":
+        src = copy.copy(src)  # the topic's source over some of its partitions
+        src.partitions = list(split.partitions)
     try:
         batches = list(src.scan(request))
     except Exception as e:  # sent back as itself (the executor names source and binding)
