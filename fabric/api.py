@@ -247,6 +247,14 @@ class Fabric:
                 version=compiled.content_hash,
             )
 
+        if self.tracer is not None and compiled.spec.cache is not None:  # a hit runs no plan
+            return self.tracer.cached(
+                name,
+                compiled.content_hash,
+                params,
+                session_id,
+                lambda: self._cached(compiled, params, run),
+            )
         return self._cached(compiled, params, run)
 
     # ---- the semantic cache (``cache:`` of a binding; fabric/semantic_cache.py)

@@ -533,3 +533,49 @@ def test_sandbox_and_ckks_steps_are_spans_with_their_cost(tmp_path: Path) -> Non
         assert (
             ctx.serialize()[-64:] not in blob and ctx.serialize()[-64:].hex().encode() not in blob
         )
+
+
+def test_a_semantic_cache_hit_is_a_span_and_a_cache_hit(tmp_path: Path) -> None:
+    import numpy as np
+
+    dim = 8
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "fabric.yaml").write_text(
+        "datasets:\n  news:\n    key: id\n"
+        '    schema: {id: str, symbol: str, embedding: "vector[8]"}\n'
+        "    indexes: {embedding: {kind: hnsw, metric: cosine}}\n"
+        "bindings: [agents/]\n"
+        "tracing: {prices: {connections: {news: {call: 1.0}}}}\n"
+    )
+    (tmp_path / "agents" / "ask.yaml").write_text(
+        'binding: ask\nsession: {q: "vector[8]"}\nsources:\n  n:\n    from: dataset://news\n'
+        '    nearest: {column: embedding, to: "{{session.q}}", k: 3}\nselect: [n.id]\n'
+        'cache: {by: "{{session.q}}", similarity: 0.9, ttl: {dataset: 1h}}\n'
+    )
+    rng = np.random.default_rng(0)
+    vecs = rng.normal(size=(50, dim)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    q = vecs[0]
+    near = q + 0.01 * rng.normal(size=dim).astype(np.float32)
+    with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as f:
+        f.dataset("news").upsert(
+            pa.table(
+                {
+                    "id": [f"n{i}" for i in range(50)],
+                    "symbol": ["X"] * 50,
+                    "embedding": pa.array(vecs.tolist(), pa.list_(pa.float32(), dim)),
+                }
+            )
+        )
+        first = f.query("ask", {"q": q.tolist()}, session_id="rag-1")
+        second = f.query("ask", {"q": (near / np.linalg.norm(near)).tolist()}, session_id="rag-1")
+        assert first.stats["cache"]["status"] == "miss"
+        assert second.stats["cache"]["status"] == "hit"
+        tl = f.tracer.timeline("rag-1")
+    q1, q2 = tl["queries"]
+    assert q1["cost"]["source_calls"] == 1 and q1["cost"]["cache_hits"] == 0
+    assert q2["cost"]["source_calls"] == 0 and q2["cost"]["cache_hits"] == 1
+    assert q2["rows"] == len(second) and q2["operators"] == []
+    total = tl["cost"]["total"]
+    assert total["queries"] == 2 and total["cache_hits"] == 1
+    assert total["price"] == pytest.approx(1.0)  # the hit fetched nothing: only one call paid

@@ -159,6 +159,21 @@ class Tracer:
         self._put((run, res, None, sid, version, wall0, perf0, perf1))
         return res
 
+    def cached(
+        self, binding: str, version: str, params: Mapping[str, Any], sid: str | None, fn: Any
+    ) -> Any:
+        """``fn()`` (a binding's semantic-cache lookup, fabric/semantic_cache.py); an answer
+        served from the cache, which runs no plan, is recorded as a query span with one
+        cache hit and no source calls."""
+        sid = sid if sid is not None else _SESSION.get()
+        wall0, perf0 = time.time_ns(), time.perf_counter()
+        res = fn()
+        info = res.stats.get("cache") if isinstance(res.stats, Mapping) else None
+        if isinstance(info, Mapping) and info.get("status") == "hit":
+            perf1 = time.perf_counter()
+            self._put(("cache", binding, version, dict(params), sid, res, wall0, perf0, perf1))
+        return res
+
     def _put(self, item: Any) -> None:
         if self._closed:
             return
@@ -188,6 +203,10 @@ class Tracer:
 
                 if item[0] == "signal":
                     emit_signal(self, item[1], item[2])
+                elif item[0] == "cache":
+                    from fabric.tracing.spans import emit_cache_hit
+
+                    emit_cache_hit(self, *item[1:])
                 else:
                     emit(self, *item)
             except Exception:
