@@ -28,8 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsl.errors import FabricError
 
-class RateLimitConfigError(ValueError):
+
+class RateLimitConfigError(FabricError, ValueError):
     """A ``rate_limit:`` or ``retries:`` option that is not valid."""
 
 

@@ -88,6 +88,7 @@ from connectors.ratelimit import (
     TokenBucket,
 )
 from dsl.ast import Between, Binary, Column, Expr, InList, Literal, Param
+from dsl.errors import FabricError
 
 _OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
 _FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
@@ -111,7 +112,7 @@ _PROBE_TTL = 30.0  # seconds a probe's total / Last-Modified is reused by the pl
 WATERMARK_REUSE = 0.25
 
 
-class RestConfigError(ValueError):
+class RestConfigError(FabricError, ValueError):
     """A ``kind: rest`` connection option that is not valid; names the connection and key."""
 
 
