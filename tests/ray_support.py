@@ -21,3 +21,5 @@ def ray_cluster(tmp_path_factory):
         yield c
     finally:
         _cluster.release(c)
+        alive = [p for p in c.pids if _cluster._alive(p)]
+        assert not alive, f"the session's Ray processes {alive} outlived the cluster"

@@ -71,6 +71,12 @@ def test_fabric_open_with_ray_shares_the_session_cluster(ray_cluster, tmp_path) 
     try:
         assert fab.executor.cluster is ray_cluster
         assert fab.catalog.executor is fab.executor
+        assert fab.executor.scans.min_rows == 100_000  # the default threshold
+    finally:
+        fab.close()
+    fab = fabric.open("executor: ray\nbindings: []\n", ingest=False, watch=False)
+    try:  # the same from fabric.yaml
+        assert fab.executor.cluster is ray_cluster
     finally:
         fab.close()
     import ray
