@@ -492,6 +492,11 @@ class S3Connection(Connection):
             )
         self.parquet_reader = reader
 
+    def close(self) -> None:
+        if self._duck_files is not None:
+            self._duck_files.close()
+            self._duck_files = None
+
     def duck_files(self) -> s3_duckdb.ObjectFiles | None:
         """The objects as DuckDB reads them (None for a local root: DuckDB reads the
         files itself)."""

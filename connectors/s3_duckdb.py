@@ -253,6 +253,20 @@ class ObjectFiles:
             con.register_filesystem(_FS())
             self._registered = True
 
+    def close(self) -> None:
+        """Forget the file system, handles, footers and cached bytes (the connection closed)."""
+        with _lock:
+            if self._registered and _con is not None:
+                with contextlib.suppress(Exception):
+                    _con.unregister_filesystem(self.protocol)
+            self._registered = False
+        with self._lock:
+            self._handles.clear()
+            self._tails.clear()
+            self._ranges.clear()
+            self._lru.clear()
+            self._held = 0
+
 
 # ---------------------------------------------------------------------- filters
 
