@@ -89,7 +89,7 @@ def load_mongo(url: str, db: str, coupons: pa.Table) -> None:
     client.close()
 
 
-def s3_filesystem(env: Mapping[str, str]):
+def s3_filesystem(env: Mapping[str, str], *, allow_bucket_deletion: bool = False):
     from pyarrow import fs
 
     endpoint = env["FABRIC_S3_ENDPOINT"]
@@ -100,6 +100,7 @@ def s3_filesystem(env: Mapping[str, str]):
         endpoint_override=host,
         scheme=scheme,
         region="us-east-1",
+        allow_bucket_deletion=allow_bucket_deletion,
     )
 
 
@@ -198,9 +199,9 @@ def main() -> None:
 
 
 def drop_loaded(env: dict[str, str]) -> None:
-    """Drop what a run loaded under its own names (the ``FABRIC_*`` database, collection and
-    topics in ``env``); what is already gone is skipped. Used by the service benchmark and
-    its tests."""
+    """Drop what a run loaded under its own names (the ``FABRIC_*`` database, collection,
+    topics and bucket in ``env``); what is already gone is skipped. Used by the service
+    benchmark and its tests."""
     import contextlib
 
     import sqlalchemy as sa
@@ -218,6 +219,8 @@ def drop_loaded(env: dict[str, str]) -> None:
     with contextlib.suppress(Exception):
         admin = AdminClient({"bootstrap.servers": env["FABRIC_KAFKA_BOOTSTRAP"]})
         admin.delete_topics([env["FABRIC_LOCATION_TOPIC"], env["FABRIC_NEWS_TOPIC"]])
+    with contextlib.suppress(Exception):  # each bucket holds a SeaweedFS volume until dropped
+        s3_filesystem(env, allow_bucket_deletion=True).delete_dir(env["FABRIC_LAKE_BUCKET"])
 
 
 if __name__ == "__main__":
