@@ -580,7 +580,7 @@ def compare(
             continue
         best, who = min(ok)
         ratios.append(fab[1] / best)
-        cells.append(f"{fab[1] / best:.2f}x ({who})")
+        cells.append(f"{fab[1] / best:.3g}x ({who})")
     print("| fab.query / fastest peer at recall >= 0.95 | " + " | ".join(cells) + " |")
     print()
     fq = [
