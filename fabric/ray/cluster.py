@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsl.errors import FabricError
+
 __all__ = ["Cluster", "RayUnavailable", "acquire", "current", "release"]
 
 # Ray's session directory holds unix sockets (<temp>/session_<date>_<pid>/sockets/raylet);
@@ -44,7 +46,7 @@ _MAX_TEMP_DIR = 60
 START_ATTEMPTS = 3
 
 
-class RayUnavailable(RuntimeError):
+class RayUnavailable(FabricError, RuntimeError):
     """Ray is not installed, or its cluster did not start."""
 
 
