@@ -257,8 +257,8 @@ def tracing_part(nq: int) -> None:
             )
         print(
             "pairs p50: the median of on/off over the interleaved pairs (robust to load drift)\n"
-            f"worker (fabric-tracing thread) CPU per query: p50 {pct(worker, 50):.3f} ms, "
-            f"p95 {pct(worker, 95):.3f} ms over {len(worker)} queries (off the query's thread)"
+            f"span building CPU per query: p50 {pct(worker, 50):.3f} ms, "
+            f"p95 {pct(worker, 95):.3f} ms over {len(worker)} queries (in batches, not while queries run)"
         )
     finally:
         fab.close()

@@ -256,6 +256,41 @@ def test_tracing_off_records_nothing(tmp_path: Path) -> None:
         assert len(f.query("b", VALUES)) == 2
 
 
+def test_vector_session_values_are_hashed_from_their_buffers_and_recorded_lazily(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 128-d vector is hashed from its bytes (its numpy repr cost 2-4 ms of the GIL per
+    query), equal vectors match and different ones do not; runs wait in the tracer until
+    something reads the spans, so no thread builds spans while queries run."""
+    import numpy as np
+
+    from fabric.tracing.tracer import Redactor
+
+    red = Redactor(TracingConfig(), b"k" * 32)
+    v = np.arange(128, dtype=np.float32)
+    assert red.value("q", v) == red.value("q", v.copy())
+    assert red.value("q", v) != red.value("q", v + 1e-6)
+    assert red.value("q", v) != red.value("q", v.astype(np.float64))  # dtype counts
+    as_list = [float(x) for x in v]
+    assert red.value("q", as_list) == red.value("q", list(as_list))
+    assert red.value("q", as_list) != red.value("q", [*as_list[:-1], 0.5])
+    assert red.value("q", ["a", "b"]).startswith("hmac:")
+
+    import fabric.tracing.tracer as tracer_mod
+
+    monkeypatch.setattr(tracer_mod, "IDLE_S", 60.0)  # the idle drain must not run mid-test
+    tracer = Tracer(TracingConfig())
+    try:
+        for i in range(3):
+            tracer._put(("signal", {"event": "data_stale", "source": f"s{i}"}, 1))
+        assert len(tracer.ring) == 0 and len(tracer._pending) == 3  # nothing built yet
+        names = [sp.name for sp in tracer.spans()]  # reading records what waits, in order
+        assert names == [f"signal data_stale s{i}" for i in range(3)]
+        assert len(tracer._pending) == 0
+    finally:
+        tracer.close()
+
+
 def test_tracing_config_errors_are_positioned() -> None:
     with pytest.raises(DslError) as e:
         load_config("connections: {shop: {kind: memory}}\ntracing: {ring_span: 10}\n")

@@ -142,11 +142,15 @@ def _copy(t: dict[str, Any]) -> dict[str, Any]:
 class CostCollector:
     """Prometheus collector reading the CostBook at scrape time."""
 
-    def __init__(self, book: CostBook):
+    def __init__(self, book: CostBook, before: Any = None):
         self.book = book
+        self.before = before  # the tracer's drain: runs not yet recorded are counted first
 
     def collect(self) -> Any:
         from prometheus_client.core import CounterMetricFamily
+
+        if self.before is not None:
+            self.before()
 
         per_source = {
             "rows": CounterMetricFamily(
