@@ -21,5 +21,19 @@ def ray_cluster(tmp_path_factory):
         yield c
     finally:
         _cluster.release(c)
-        alive = [p for p in c.pids if _cluster._alive(p)]
+        # each test module holds the session's cluster once; the last release stops it
+        alive = [] if _cluster.current() is c else [p for p in c.pids if _cluster._alive(p)]
+        if alive:  # name them: state and command line
+            alive = [(p, _describe(p)) for p in alive]
         assert not alive, f"the session's Ray processes {alive} outlived the cluster"
+
+
+def _describe(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().split(") ", 1)[1][:1]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode()[:80]
+        return f"{state} {cmd}"
+    except OSError:
+        return "gone"

@@ -194,6 +194,11 @@ def _stop(cluster: Cluster) -> None:
     for pid in alive:  # still there: ours, by PID
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while alive and time.monotonic() < deadline:  # gone once the kernel has them
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:
