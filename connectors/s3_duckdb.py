@@ -39,6 +39,7 @@ from pyarrow import fs as pafs
 
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant
 from dsl.ast import Between, Binary, Column, Expr, InList, IsNull, Unary
+from dsl.errors import FabricError
 
 _TAIL = 64 * 1024
 _GLOB = set("*?[{")
@@ -47,8 +48,9 @@ _con: Any = None
 _ids = itertools.count()
 
 
-class DuckError(Exception):
-    """DuckDB could not read an object (the store failed or the file is damaged)."""
+class DuckError(FabricError):
+    """DuckDB could not read an object (the store failed or the file is damaged); the S3
+    connector turns it into its SourceError naming the object."""
 
 
 def _connection() -> Any:
