@@ -79,9 +79,9 @@ def test_ctrl_c_stops_the_local_servers_and_removes_their_files(tmp_path):
     assert first.startswith("started local servers"), first
     ports = _ports(first)
     assert ports and not any(_closed(p) for p in ports)
-    for line in proc.stdout:  # interrupt in the middle of the scenario (the fabric open)
-        if "E-commerce" in line:
-            break
+    # interrupt while it loads the seed data into the servers it started: interrupting at
+    # the scenario's header raced with its end (a loaded CI run finished the scenario, rc 0,
+    # before the signal landed)
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, rest[-3000:]
