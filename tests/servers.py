@@ -220,6 +220,23 @@ class S3Bucket:
     def uri(self, key: str = "") -> str:
         return f"s3://{self.path(key)}"
 
+    def options(self, **extra: object) -> dict[str, object]:
+        """The `kind: s3` connection options of this bucket (plus `extra`)."""
+        return {
+            "kind": "s3",
+            "endpoint": self.endpoint,
+            "bucket": self.bucket,
+            "access_key": self.access_key,
+            "secret_key": self.secret_key,
+            **extra,
+        }
+
+    def connection(self, name: str = "lake", **extra: object):
+        """A `connectors.s3.S3Connection` named `name` on this bucket."""
+        from connectors.s3 import S3Connection
+
+        return S3Connection(name, self.options(**extra))
+
     def boto3_client(self):
         import boto3
 

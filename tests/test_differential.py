@@ -178,20 +178,10 @@ def mongo_source(mongo_db: Any, mongo_url: str) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def s3_source(s3: Any) -> Any:
-    from connectors.s3 import S3Connection
 
     with s3.fs.open_output_stream(s3.path("diff/t/part-0.parquet")) as f:
         pq.write_table(TABLE, f, row_group_size=60)
-    conn = S3Connection(
-        "lake",
-        {
-            "kind": "s3",
-            "endpoint": s3.endpoint,
-            "bucket": s3.bucket,
-            "access_key": s3.access_key,
-            "secret_key": s3.secret_key,
-        },
-    )
+    conn = s3.connection("lake")
     return conn.source("diff/t/*.parquet")
 
 

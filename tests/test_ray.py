@@ -144,7 +144,6 @@ def test_filters_and_projection_travel_with_the_splits(ray_cluster, world) -> No
 def test_s3_splits_by_files_in_path_order(ray_cluster, s3) -> None:
     import pyarrow.parquet as pq
 
-    from connectors.s3 import S3Connection
     from dsl.ast import Binary, Column, Param
 
     t = pa.table({"k": pa.array(range(4000), pa.int64()), "v": [f"r{i}" for i in range(4000)]})
@@ -152,16 +151,7 @@ def test_s3_splits_by_files_in_path_order(ray_cluster, s3) -> None:
         part = t.slice(i * 1000, 1000 if i < 2 else 2000)
         with s3.fs.open_output_stream(s3.path(f"raysplit/part-{i}.parquet")) as out:
             pq.write_table(part, out, row_group_size=part.num_rows // 2)
-    conn = S3Connection(
-        "lake",
-        {
-            "kind": "s3",
-            "endpoint": s3.endpoint,
-            "bucket": s3.bucket,
-            "access_key": s3.access_key,
-            "secret_key": s3.secret_key,
-        },
-    )
+    conn = s3.connection("lake")
     src = conn.source("raysplit/*.parquet")
     for tasks, want in ((2, 2), (4, 3)):  # never more tasks than files
         local, remote, info = _local_and_ray(src, RayScans(ray_cluster, min_rows=0, tasks=tasks))

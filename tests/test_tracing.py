@@ -16,10 +16,6 @@ from fixtures.optimizer import scenario_data as sd
 
 import fabric
 from connectors.base import Pushdown, ScanRequest, Source, SourceError
-from connectors.kafka import KafkaConnection
-from connectors.mongo import MongoConnection
-from connectors.s3 import S3Connection
-from connectors.sql import SqlConnection
 from dsl.errors import DslError
 from dsl.loader import load_text
 from fabric.config import load_config
@@ -407,33 +403,17 @@ SIZES = sd.Sizes.at(0.002, users=12)
 
 @pytest.fixture(scope="module")
 def world(mariadb_url, mongo_url, mongo_db, s3, kafka_bootstrap, test_run_id):
-    tables = sd.generate(SIZES)
     topics = TopicFactory(kafka_bootstrap, test_run_id)
     topic = topics(partitions=1, prefix="trace_locations")
-    sd.load_mysql(mariadb_url, tables)
-    sd.load_mongo(mongo_url, mongo_db.name, tables["coupons"])
-    sd.load_kafka(kafka_bootstrap, topic, tables["locations"])
-    sd.load_s3(s3.fs, s3.path("categories.csv"), tables["categories"])
-    conns = {
-        "shop": SqlConnection("shop", {"kind": "mysql", "url": mariadb_url}),
-        "crm": MongoConnection(
-            "crm", {"kind": "mongo", "url": mongo_url, "database": mongo_db.name}
-        ),
-        "bus": KafkaConnection(
-            "bus",
-            {"kind": "kafka", "bootstrap": kafka_bootstrap, "schemas": {topic: sd.LOCATION_SCHEMA}},
-        ),
-        "lake": S3Connection(
-            "lake",
-            {
-                "kind": "s3",
-                "endpoint": s3.endpoint,
-                "bucket": s3.bucket,
-                "access_key": s3.access_key,
-                "secret_key": s3.secret_key,
-            },
-        ),
-    }
+    _, conns = sd.load_world(
+        SIZES,
+        mariadb_url=mariadb_url,
+        mongo_url=mongo_url,
+        mongo_db=mongo_db.name,
+        s3=s3,
+        kafka_bootstrap=kafka_bootstrap,
+        topic=topic,
+    )
     tracer = Tracer(TracingConfig(redact=("user_id",)))
     cat = LocalCatalog(conns, tracer=tracer)
     yield cat, topic

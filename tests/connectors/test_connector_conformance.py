@@ -179,7 +179,6 @@ class TestS3Parquet(ConnectorConformance):
     @pytest.fixture(scope="class")
     @classmethod
     def connection(cls, s3: Any) -> Any:
-        from connectors.s3 import S3Connection
 
         t = data.table()
         for part, sl in (("a", t.slice(0, 120)), ("b", t.slice(120))):
@@ -187,16 +186,7 @@ class TestS3Parquet(ConnectorConformance):
                 s3.path(f"conformance/merchants/part-{part}.parquet")
             ) as f:
                 pq.write_table(sl, f, row_group_size=30)
-        return S3Connection(
-            "lake",
-            {
-                "kind": "s3",
-                "endpoint": s3.endpoint,
-                "bucket": s3.bucket,
-                "access_key": s3.access_key,
-                "secret_key": s3.secret_key,
-            },
-        )
+        return s3.connection("lake")
 
     @pytest.fixture
     def source(self, connection: Any) -> Source:

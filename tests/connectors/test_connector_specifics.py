@@ -72,7 +72,6 @@ def test_infer_schema_flattens_and_widens() -> None:
 
 @pytest.fixture(scope="module")
 def lake(s3: Any) -> Any:
-    from connectors.s3 import S3Connection
 
     t = data.table().append_column(
         "region", pa.array([["eu", "us", "apac"][r % 3] for r in range(data.N)])
@@ -88,16 +87,7 @@ def lake(s3: Any) -> Any:
         min_rows_per_group=20,
         existing_data_behavior="overwrite_or_ignore",
     )
-    return S3Connection(
-        "lake",
-        {
-            "kind": "s3",
-            "endpoint": s3.endpoint,
-            "bucket": s3.bucket,
-            "access_key": s3.access_key,
-            "secret_key": s3.secret_key,
-        },
-    )
+    return s3.connection("lake")
 
 
 def test_s3_partition_and_row_group_pruning(lake: Any) -> None:
