@@ -34,6 +34,9 @@ def _demo(tmp: Path, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # a test run started in the background by a non-interactive shell has SIGINT
+        # ignored, and the demo would inherit that: give it the disposition a terminal has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
