@@ -528,6 +528,8 @@ class _Builder:
                 on = self.attempt(partial(self.join_condition, s, joined))
                 if on is not None:
                     plan = N.Join(plan, leaf, on, s.join.how if s.join else "inner")
+                else:  # its join failed (recorded): the plan lacks this source
+                    failed.add(alias)
             joined.append(alias)
             if plan is not None:
                 # a condition over a source that failed is not placed: the plan lacks it
