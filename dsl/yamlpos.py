@@ -579,6 +579,12 @@ class YamlText:
             raise self.error(f"{what} must be a string, got {_kind(v)}", self.value_span(c, key))
         return str(v)
 
+    def boolean(self, c: Container, key: Any, what: str) -> bool:
+        v = c[key]
+        if not isinstance(v, bool):
+            raise self.error(f"{what} must be true or false, got {v!r}", self.value_span(c, key))
+        return v
+
     def integer(self, c: Container, key: Any, what: str, minimum: int = 0) -> int:
         v = c[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:

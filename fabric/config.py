@@ -934,9 +934,7 @@ def _ingest(L: _Loader, doc: YamlMap) -> IngestConfig:
     y.check_keys(m, INGEST_KEYS, "ingest")
     kw: dict[str, Any] = {}
     if "enabled" in m:
-        if not isinstance(m["enabled"], bool):
-            raise y.error("enabled must be true or false", y.value_span(m, "enabled"))
-        kw["enabled"] = m["enabled"]
+        kw["enabled"] = y.boolean(m, "enabled", "enabled")
     if "checkpoint_dir" in m:
         kw["checkpoint_dir"] = L.root / str(L.subst(m, "checkpoint_dir"))
     if "group_prefix" in m:

@@ -86,9 +86,7 @@ def parse_tracing(L: Any, doc: Any) -> TracingConfig:
     y.check_keys(m, TRACING_KEYS, "tracing")
     kw: dict[str, Any] = {}
     if "enabled" in m:
-        if not isinstance(m["enabled"], bool):
-            raise y.error("enabled must be true or false", y.value_span(m, "enabled"))
-        kw["enabled"] = m["enabled"]
+        kw["enabled"] = y.boolean(m, "enabled", "enabled")
     for k, low in (("ring_spans", 1), ("max_sessions", 1)):
         if k in m:
             kw[k] = y.integer(m, k, k, low)
