@@ -134,7 +134,9 @@ def parse_agents(L: Any, doc: Any) -> dict[str, AgentConfig]:
                 kw[k] = tuple(v)
         for k in ("query_text", "python"):
             if k in a:
-                kw[k] = y.boolean(a, k, f"agent {name}: {k}")
+                if not isinstance(a[k], bool):
+                    raise y.error(f"agent {name}: {k} must be true or false", y.value_span(a, k))
+                kw[k] = a[k]
         if kw.get("python") and not kw.get("query_text"):
             raise y.error(
                 f"agent {name}: python: true needs query_text: true (snippets come with text "
