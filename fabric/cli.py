@@ -450,8 +450,8 @@ _INIT_README = """\
   `data/products.parquet`, parameterized by the session value `min_qty`.
 - `data/`: deterministic sample data (200 products, 5,000 orders).
 
-The connection's `root` is the absolute path of `data/`: after moving the directory,
-edit it or run `fabric init` again.
+The connection's `root` (`data`) is relative to `fabric.yaml`: the directory can be
+moved or copied as it is.
 """
 
 
@@ -550,11 +550,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     pq.write_table(products, root / "data" / "products.parquet")
     pacsv.write_csv(orders, root / "data" / "orders.csv")
-    data = (root / "data").resolve()
     (root / "fabric.yaml").write_text(
         "# written by `fabric init`: a directory of files as the only source\n"
+        "# (root is relative to this file: the directory can be moved)\n"
         "connections:\n"
-        f"  local: {{kind: file, root: {json.dumps(str(data))}}}\n"
+        "  local: {kind: file, root: data}\n"
         "bindings: [agents/]\n"
     )
     (root / "agents" / "top_products.yaml").write_text(_INIT_BINDING)

@@ -486,6 +486,10 @@ def _connections(L: _Loader, doc: YamlMap) -> dict[str, ConnectionConfig]:
                         ) from None
             if kind == "kafka":
                 _kafka_options(L, cm, name, options)
+            if kind == "file" and isinstance(options.get("root"), str):
+                # a relative root is from fabric.yaml's directory (like bindings:), so a
+                # directory written by `fabric init` still runs after it is moved
+                options["root"] = str(L.root / os.path.expanduser(options["root"]))
             schemas = {}
             if "schemas" in cm:
                 sm = y.mapping(cm, "schemas", "schemas")

@@ -205,3 +205,21 @@ def test_table_cells_show_times_in_iso_8601(scaffold, monkeypatch, capsys):
     line = capsys.readouterr().out.splitlines()[2].strip()
     assert "T" in line and line.endswith("+00:00"), line
     assert pa  # imported for the readers above
+
+
+def test_init_scaffold_can_be_moved(tmp_path):
+    """`fabric init` writes a relative root (issue 19): the directory still runs after a
+    move, from inside it and from elsewhere with --config."""
+    first = tmp_path / "first"
+    assert _run("init", str(first), cwd=tmp_path).returncode == 0
+    assert str(tmp_path) not in (first / "fabric.yaml").read_text()
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    first.rename(moved)
+    query = ("query", "top_products", "--session", "min_qty=2", "--format", "json")
+    inside = _run(*query, cwd=moved)
+    assert inside.returncode == 0, inside.stderr.decode()
+    outside = _run(*query, "--config", str(moved / "fabric.yaml"), cwd=tmp_path)
+    assert outside.returncode == 0, outside.stderr.decode()
+    assert json.loads(inside.stdout) == json.loads(outside.stdout)
+    assert len(json.loads(inside.stdout)) == 5
