@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from fabric.demo_progress import Progress
+from fabric.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "seed" / "fabric.yaml"  # --servers

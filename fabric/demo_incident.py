@@ -66,7 +66,7 @@ def run(
     "agents": {name: "GPU 0" | "waiting" | "parked"}}`` (examples/incident/plot.py)."""
     import os
 
-    from fabric.demo_progress import Progress
+    from fabric.progress import Progress
 
     progress = progress or Progress()
 

@@ -267,7 +267,7 @@ def load_for(
     """Load what the chosen scenarios read, into the local stand-ins or the real servers.
     ``news_topic``: create the news topic (empty without finance) for a fabric.yaml that
     declares the news dataset (the seed's does; the examples' own ones only for finance).
-    ``step`` (``fabric.demo_progress.Step``) is told the rows loaded so far."""
+    ``step`` (``fabric.progress.Step``) is told the rows loaded so far."""
     from examples.seed import load as L
 
     counts = _Counts(step)

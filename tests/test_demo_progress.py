@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from fabric import demo_progress
-from fabric.demo_progress import Progress
+from fabric import progress
+from fabric.progress import Progress
 
 ESC = "\x1b["
 
@@ -24,7 +24,7 @@ class _Terminal(io.StringIO):
 
 
 def test_plain_lines_when_not_a_terminal(monkeypatch):
-    monkeypatch.setattr(demo_progress, "PLAIN_EVERY", 0.0)  # every update is a line
+    monkeypatch.setattr(progress, "PLAIN_EVERY", 0.0)  # every update is a line
     out = io.StringIO()
     p = Progress(out)
     assert not p.rich

@@ -1,4 +1,5 @@
-"""Progress of ``fabric demo``'s long steps: rich on a terminal, plain lines otherwise.
+"""Progress of long CLI steps (``fabric load``, ``fabric materialize``, ``fabric demo``):
+rich on a terminal, plain lines otherwise.
 
 On a terminal (and with rich installed: the ``demo`` extra) a step shows a spinner, a bar
 when its size is known (rows loaded, documents ingested), and the time it has taken; the
