@@ -29,13 +29,37 @@ executor module, interleaved with the others (before/after in one run):
 
     git show 4f5e032~1:fabric/execute/__init__.py > /tmp/old_execute.py
     .venv/bin/python benchmarks/query_overhead.py --baseline /tmp/old_execute.py
+
+``--side-by-side``: only part 4 (issue 12), a ``nearest:`` binding of k=10 over ``--n``
+rows (200,000 for the issue's target; per-value graphs of ``cl`` built, so the
+anti-correlated filter takes the posting-matrix path) at three points -- unfiltered, 10 %
+uncorrelated (``rnd < 0.1``), 10 % anti-correlated (``cl in`` 7 clusters the queries never
+come from) -- each query run every way in a random order (interleaved):
+
+- ``hnswlib``: the dataset's own hnswlib graph, ``knn_query`` at ``--ef`` (a numpy mask
+  as hnswlib's ``filter=`` callback when filtered);
+- ``numpy``: exact distances over the point's candidates, gathered into one contiguous
+  matrix before timing (the floor of an exact pre-filter);
+- ``search``: ``DatasetSource.search(...)``; ``query``: ``fab.query(name, session=...)``.
+
+p50 and recall@10 per way, ``query/search`` and the median of the per-query differences
+``query - search``. ``--baseline-rev REV`` runs the same ``search`` and ``query`` in a
+second process over ``git archive REV`` of this repository (its fabric, connectors,
+indexes), steered query by query with this one, so before and after are measured in one
+run on one machine state (``--rev REV``: ``now`` is ``git archive REV`` too, not this
+working tree):
+
+    .venv/bin/python benchmarks/query_overhead.py --side-by-side --n 200000 --queries 300
+    .venv/bin/python benchmarks/query_overhead.py --side-by-side --n 200000 --baseline-rev HEAD~3
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,8 +68,10 @@ import numpy as np
 import pyarrow as pa
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# the repo root first: benchmarks/connectors.py must not shadow the connectors package
-sys.path[:] = [os.path.dirname(HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+# the repo root first: benchmarks/connectors.py must not shadow the connectors package;
+# a --baseline-rev worker puts the exported old tree there instead
+ROOT = os.environ.get("QUERY_OVERHEAD_ROOT") or os.path.dirname(HERE)
+sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 
 import fabric  # noqa: E402
 from connectors.dataset import DatasetSource  # noqa: E402
@@ -265,6 +291,216 @@ def tracing_part(nq: int) -> None:
         drop_loaded(env)
 
 
+SIDE_POINTS = ("none (100%)", "uncorr 10.00%", "anti 10%")
+
+
+class _Ways:
+    """Part 4's measurements in one process (a worker steered by ``side_by_side``): the
+    dataset with per-value graphs of ``cl``, one binding per point, the fabric."""
+
+    def __init__(self, n: int, nq: int, cache: str, ef: int) -> None:
+        ds, attrs, took = build(n, cache)
+        ds.set_ef("emb", ef)
+        t = time.perf_counter()
+        ds.partition("emb", "cl")  # the posting matrices of the anti-correlated point
+        ds.flush()
+        log(
+            f"[{ROOT}] dataset {'loaded' if took < 0 else 'built'} in {abs(took):.1f} s, "
+            f"per-value graphs of cl in {time.perf_counter() - t:.1f} s"
+        )
+        self.ef, self.vi = ef, ds.vectors["emb"]
+        self.src = DatasetSource("dataset://bench", ds)
+        self.qs, _ = mixture(nq, 7, retrieval.QUERY_CLUSTERS)
+        self.pts = [p for p in points(attrs, n) if p.name in SIDE_POINTS]
+        x = attrs["x"]
+        self.cands = []  # per point: candidate ids, their vectors (contiguous), squared norms
+        for p in self.pts:
+            ids = np.flatnonzero(p.mask)
+            sub = np.ascontiguousarray(x[ids])
+            self.cands.append((ids, sub, np.einsum("ij,ij->i", sub, sub)))
+        d = tempfile.mkdtemp(prefix="overhead-side-")
+        for i, p in enumerate(self.pts):
+            where = f'\n    where: "{p.where}"' if p.where is not None else ""
+            write_binding(
+                d,
+                f"p{i}",
+                f"binding: p{i}\nsession:\n  q: vector[{DIM}]\nsources:\n  n:\n"
+                f"    from: dataset://bench\n"
+                f'    nearest: {{column: emb, to: "{{{{session.q}}}}", k: {K}}}'
+                f"{where}\nselect: [n.id]\n",
+            )
+        self.fab = fabric.open(
+            {"bindings": [d]}, ingest=False, watch=False, dataset_sources={"bench": self.src}
+        )
+        for i in range(len(self.pts)):  # warm up: plans compiled, caches hot
+            for j in range(min(20, nq)):
+                for way in ("hnswlib", "numpy", "search", "query"):
+                    self.run(i, j, way)
+
+    def run(self, i: int, j: int, way: str) -> tuple[float, list[int]]:
+        p, q = self.pts[i], self.qs[j]
+        if way == "search":
+            filters = () if p.where is None else (p.where,)
+            t = time.perf_counter()
+            table, _ = self.src.search("emb", q, K, filters, {}, ["id"])
+            took = time.perf_counter() - t
+            return took, table.column("id").to_pylist()
+        if way == "query":
+            t = time.perf_counter()
+            res = self.fab.query(f"p{i}", session={"q": q})
+            took = time.perf_counter() - t
+            return took, res.table.column(0).to_pylist()
+        if way == "hnswlib":  # row ids are the ids here (one bulk load in id order)
+            mask = p.mask
+            cb = None if p.where is None else (lambda r: bool(mask[r]))
+            self.vi.gate.enter(self.vi.graph, self.ef)  # the graph's ef, as the dataset keeps it
+            try:
+                t = time.perf_counter()
+                labels, _ = self.vi.graph.knn_query(q, k=K, num_threads=1, filter=cb)
+                took = time.perf_counter() - t
+            finally:
+                self.vi.gate.exit()
+            return took, labels[0].tolist()
+        ids, sub, sq = self.cands[i]
+        t = time.perf_counter()
+        dist = sq - 2.0 * (sub @ q)
+        part = np.argpartition(dist, K - 1)[:K]
+        top = ids[part[np.argsort(dist[part])]]
+        took = time.perf_counter() - t
+        return took, top.tolist()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def side_worker(n: int, nq: int, cache: str, ef: int) -> None:
+    """``--worker``: answer ``[point, query, way]`` lines on stdin with ``[seconds, ids]``."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # prints of the fabric go to stderr, not into the protocol
+    ways = _Ways(n, nq, cache, ef)
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        i, j, way = json.loads(line)
+        out.write(json.dumps(ways.run(i, j, way)) + "\n")
+        out.flush()
+    ways.fab.close()
+
+
+def _export(rev: str) -> str:
+    """``git archive rev`` of this repository in a temporary directory."""
+    d = tempfile.mkdtemp(prefix="overhead-baseline-")
+    repo = os.path.dirname(HERE)
+    archive = subprocess.run(
+        ["git", "-C", repo, "archive", rev], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", d], input=archive, check=True)
+    return d
+
+
+class _Worker:
+    def __init__(self, root: str | None, args: argparse.Namespace) -> None:
+        env = dict(os.environ)
+        if root is not None:
+            env["QUERY_OVERHEAD_ROOT"] = root
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--n", str(args.n)]
+        cmd += ["--queries", str(args.queries), "--cache", args.cache, "--ef", str(args.ef)]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+
+    def wait_ready(self) -> None:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise SystemExit(f"a worker failed to start (exit {self.proc.wait()})")
+
+    def run(self, i: int, j: int, way: str) -> tuple[float, list[int]]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([i, j, way]) + "\n")
+        self.proc.stdin.flush()
+        took, ids = json.loads(self.proc.stdout.readline())
+        return took, ids
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    """Part 4: raw hnswlib / numpy, DatasetSource.search and fab.query (and, with
+    ``--baseline-rev``, search and query of the old tree) interleaved query by query."""
+    attrs, _ = retrieval.make_rows(args.n)
+    pts = [p for p in points(attrs, args.n) if p.name in SIDE_POINTS]
+    qs, _ = mixture(args.queries, 7, retrieval.QUERY_CLUSTERS)
+    x = attrs["x"]
+    sq = np.einsum("ij,ij->i", x, x)
+    gts = [retrieval.truth(x, sq, qs, p.mask) for p in pts]
+    workers = {"now": _Worker(_export(args.rev) if args.rev else None, args)}
+    if args.baseline_rev:
+        workers["before"] = _Worker(_export(args.baseline_rev), args)
+    for w in workers.values():  # one at a time: both load and build on a shared machine
+        w.wait_ready()
+    tasks = [("now", w) for w in ("hnswlib", "numpy", "search", "query")]
+    if "before" in workers:
+        tasks += [("before", "search"), ("before", "query")]
+    rng = np.random.default_rng(11)
+    load0 = os.getloadavg()[0]
+    res: list[dict[tuple[str, str], tuple[list[float], list[float]]]] = []
+    for i in range(len(pts)):
+        got: dict[tuple[str, str], tuple[list[float], list[float]]] = {t: ([], []) for t in tasks}
+        for j in range(args.queries):
+            for k in rng.permutation(len(tasks)):
+                who, way = tasks[k]
+                took, ids = workers[who].run(i, j, way)
+                got[(who, way)][0].append(took)
+                got[(who, way)][1].append(retrieval.recall(np.array(ids), gts[i][j]))
+        res.append(got)
+    load1 = os.getloadavg()[0]
+    for w in workers.values():
+        w.close()
+    before = "before" in workers
+    print(
+        f"\nnearest k={K} over {args.n:,} x {DIM}-d (ef {args.ef}), {args.queries} queries per "
+        f"point, every way interleaved per query; p50 ms (recall@10); load {load0:.1f}-{load1:.1f}"
+        + (f"; before = {args.baseline_rev}" if before else "")
+    )
+    head = f"{'point':<15} {'hnswlib':>14} {'numpy':>14} {'search':>14} {'fab.query':>14}"
+    head += f" {'query/search':>12} {'query-search':>12}"
+    if before:
+        head += f" | {'search before':>14} {'query before':>14} {'q-s before':>10} {'query now/before':>16}"
+    print(head)
+
+    def cell(v: tuple[list[float], list[float]]) -> str:
+        return f"{np.median(v[0]) * 1e3:7.3f} ({np.mean(v[1]):.3f})"
+
+    for p, got in zip(pts, res):
+
+        def p50(who: str, way: str, got: dict = got) -> float:
+            return float(np.median(got[(who, way)][0])) * 1e3
+
+        def paired(who: str, got: dict = got) -> float:  # median over queries of query - search
+            q, s = got[(who, "query")][0], got[(who, "search")][0]
+            return float(np.median(np.subtract(q, s))) * 1e3
+
+        line = f"{p.name:<15} " + " ".join(
+            f"{cell(got[('now', w)]):>14}" for w in ("hnswlib", "numpy", "search", "query")
+        )
+        line += f" {p50('now', 'query') / p50('now', 'search'):11.2f}x {paired('now'):12.3f}"
+        if before:
+            line += (
+                f" | {cell(got[('before', 'search')]):>14} {cell(got[('before', 'query')]):>14}"
+                f" {paired('before'):10.3f} {p50('now', 'query') / p50('before', 'query'):15.2f}x"
+            )
+        print(line)
+    print(
+        "query-search: the median over queries of (fab.query - DatasetSource.search) in the "
+        "same process; recall@10 against numpy brute force over the filtered rows"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=50_000)
@@ -277,7 +513,26 @@ def main() -> None:
     ap.add_argument(
         "--tracing", action="store_true", help="only part 3: tracing on vs off (seed bindings)"
     )
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="only part 4: hnswlib / numpy / search / fab.query at three points (issue 12)",
+    )
+    ap.add_argument(
+        "--baseline-rev", default=None, help="part 4: also the search and query of git rev REV"
+    )
+    ap.add_argument(
+        "--rev", default=None, help="part 4: measure git rev REV as 'now' (default: this tree)"
+    )
+    ap.add_argument("--ef", type=int, default=128, help="part 4: HNSW search breadth")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        side_worker(args.n, args.queries, args.cache, args.ef)
+        return
+    if args.side_by_side:
+        side_by_side(args)
+        return
     if args.tracing:
         tracing_part(args.queries)
         return
