@@ -62,11 +62,7 @@ class Fabric:
 
             self.tracer = Tracer(config.tracing)
         self.catalog.tracer = self.tracer  # type: ignore[attr-defined]
-        if not offline:
-            self._start_datasets(ingest)
-        if watch:
-            self.bindings.watch()
-        if config.executor.kind == "ray" and not offline:
+        if config.executor.kind == "ray" and not offline:  # before the datasets' first refresh
             from fabric.ray import start
 
             try:
@@ -75,6 +71,10 @@ class Fabric:
                 self.close()
                 raise
             self.catalog.executor = self.executor  # type: ignore[attr-defined]
+        if not offline:
+            self._start_datasets(ingest)
+        if watch:
+            self.bindings.watch()
 
     # ---- lifecycle
     def _start_datasets(self, ingest: bool) -> None:
@@ -88,6 +88,8 @@ class Fabric:
         self.service = FabricService.from_config(
             self.config, connection_factory=self.catalog.connection
         )
+        if self.executor is not None:  # refreshes read their sources as Ray tasks too
+            self.service.manager.scan_hook = self.executor.scan
         try:
             self.service.start(ingest=ingest)
         except BaseException:

@@ -135,6 +135,9 @@ class DatasetManager:
         self.checkpoint_interval = checkpoint_interval
         self.thresholds = dict(thresholds or {})
         self.datasets: dict[str, Any] = {}
+        #: executor: ray's scan hook (fabric.ray.RayExecutor.scan): a refresh's scan of its
+        #: source goes through it (None: read here; also when the hook keeps it local)
+        self.scan_hook: Callable[[Any, Any], Any] | None = None
         self.ingestors: dict[str, KafkaIngestor] = {}
         self.refreshers: dict[str, Refresher] = {}
         self._saved_version: dict[str, int] = {}  # Dataset.version when last checkpointed
@@ -560,7 +563,13 @@ class Refresher:
             pushed = False
             if incremental:
                 request, pushed = self._cursor_request(src, request)
-            table = pa.Table.from_batches(list(src.scan(request)))
+            remote = self.manager.scan_hook(src, request) if self.manager.scan_hook else None
+            batches = list(src.scan(request)) if remote is None else remote[0]
+            table = (
+                pa.Table.from_batches(batches)
+                if batches or remote is None
+                else pa.schema([src.schema().field(c) for c in names]).empty_table()
+            )
             if incremental and not pushed:  # the source could not take the filter
                 table = table.filter(
                     pc.greater_equal(table[self.cursor], pa.scalar(self.cursor_value))

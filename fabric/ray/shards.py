@@ -29,9 +29,10 @@ and must not hold the CPUs the scan tasks need.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ShardActor", "ShardedDataset", "aggregate_freshness"]
+from connectors.base import (
+    Capability,
+    ColumnStats,
+    Pushdown,
+    ScanRequest,
+    Source,
+    SourceError,
+    Statistics,
+    check_columns,
+)
+
+__all__ = [
+    "ShardActor",
+    "ShardedDataset",
+    "ShardedExplain",
+    "ShardedSource",
+    "aggregate_freshness",
+    "merge_statistics",
+]
 
 
 class ShardActor:
@@ -132,12 +151,28 @@ class ShardActor:
         params: Mapping[str, Any] | None = None,
         columns: Sequence[str] | None = None,
         strategy: str | None = None,
-    ) -> tuple[pa.Table, float]:
+        guards: bool = True,
+    ) -> tuple[pa.Table, float, Any]:
+        """This shard's k best, its own time (ms) and its retrieval explain."""
         t0 = time.perf_counter()
-        table, _info = self.dataset.search(
-            column, query, k, where, params, columns=columns, strategy=strategy
+        table, info = self.dataset.search(
+            column, query, k, where, params, columns=columns, strategy=strategy, guards=guards
         )
-        return table, (time.perf_counter() - t0) * 1000
+        info = copy.copy(info)
+        info.fallback = None  # the pinned values' posting matrices stay with the shard
+        return table, (time.perf_counter() - t0) * 1000, info
+
+    def scan(
+        self,
+        where: Any = None,
+        params: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> pa.Table:
+        return self.dataset.scan(where, params, columns, limit)
+
+    def statistics(self) -> dict[str, Any]:
+        return self.dataset.statistics()
 
     def wait_caught_up(self, timeout: float = 30.0) -> bool:
         return True if self.ingestor is None else self.ingestor.wait_caught_up(timeout)
@@ -177,6 +212,97 @@ def aggregate_freshness(shards: Sequence[Mapping[str, Any]], max_lag: int) -> di
     }
 
 
+def merge_statistics(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One dataset's statistics from its shards' (``indexes.dataset.Dataset.statistics``)."""
+    out: dict[str, Any] = {
+        "rows": sum(s["rows"] for s in shards),
+        "stored_rows": sum(s.get("stored_rows", s["rows"]) for s in shards),
+        "indexes": {},
+        "shards": [dict(s) for s in shards],
+    }
+    for c, first in shards[0]["indexes"].items():
+        each = [s["indexes"][c] for s in shards]
+        if first["kind"] == "btree":
+            lo = [e["min"] for e in each if e["min"] is not None]
+            hi = [e["max"] for e in each if e["max"] is not None]
+            out["indexes"][c] = {
+                "kind": "btree",
+                "rows": sum(e["rows"] for e in each),
+                "nulls": sum(e["nulls"] for e in each),
+                "min": min(lo) if lo else None,
+                "max": max(hi) if hi else None,
+            }
+        elif first["kind"] == "inverted":  # terms of shards overlap: the largest is a bound
+            out["indexes"][c] = {"kind": "inverted", "terms": max(e["terms"] for e in each)}
+        else:
+            out["indexes"][c] = {
+                **first,
+                "in_graph": sum(e["in_graph"] for e in each),
+                "growing": sum(e["growing"] for e in each),
+            }
+    return out
+
+
+GUARANTEE_ORDER = ("exact", "graph")
+
+
+class ShardedExplain:
+    """What a scatter/gather search did: the shards' explains and times, summed up as
+    one ``RetrievalExplain`` reads (``executed`` the strategy every shard ran, else
+    ``mixed: ...``; ``guarantee`` the weakest of any shard: exact only if every shard's
+    answer was exact)."""
+
+    def __init__(self, shards: list[Any], shard_ms: list[float], elapsed_ms: float):
+        self.shards = shards
+        self.shard_ms = shard_ms
+        self.elapsed_ms = elapsed_ms
+        first = shards[0]
+        self.column, self.k = first.column, first.k
+        self.rows = sum(i.rows for i in shards)
+        self.filter = first.filter
+        cands = [i.candidates for i in shards]
+        self.candidates = None if any(c is None for c in cands) else sum(cands)
+        self.candidates_exact = all(i.candidates_exact for i in shards)
+        self.chosen = _one_or_mixed([i.chosen for i in shards])
+        self.executed = _one_or_mixed([i.executed for i in shards])
+        self.forced = all(i.forced for i in shards)
+        guards = [i.guard for i in shards if i.guard]
+        self.guard = "; ".join(f"shard {n}: {g}" for n, g in enumerate(guards)) or None
+        self.guarantee = _weakest([i.guarantee for i in shards])
+        self.actual_rows = 0
+        self.plan_ms = max(i.plan_ms for i in shards)
+
+    @classmethod
+    def of(cls, shards: list[Any], shard_ms: list[float], elapsed_ms: float) -> ShardedExplain:
+        return cls(shards, shard_ms, elapsed_ms)
+
+    def lines(self) -> list[str]:
+        out = [
+            f"ShardedRetrieval: nearest({self.column}) k={self.k} over {self.rows} rows "
+            f"in {len(self.shards)} shards ({self.elapsed_ms:.2f} ms; guarantee {self.guarantee})"
+        ]
+        for n, (i, ms) in enumerate(zip(self.shards, self.shard_ms, strict=True)):
+            out.append(f"  shard {n} ({ms:.2f} ms):")
+            out += ["    " + ln for ln in i.lines()]
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def _one_or_mixed(values: list[str]) -> str:
+    seen = list(dict.fromkeys(values))
+    return seen[0] if len(seen) == 1 else "mixed: " + ", ".join(seen)
+
+
+def _weakest(guarantees: list[str]) -> str:
+    """exact < graph < unverified: the answer is only as good as its weakest shard's."""
+    for g in guarantees:
+        if g not in GUARANTEE_ORDER:
+            return g
+    return "graph" if "graph" in guarantees else "exact"
+
+
 def shard_of(key: Any, shards: int) -> int:
     return zlib.crc32(repr(key).encode()) % shards
 
@@ -202,6 +328,13 @@ class ShardedDataset:
         self.cluster, self.name, self.key, self.max_lag = cluster, name, key, max_lag
         self.schema = schema
         self.n = shards
+        # the index layout (what indexes.filters.supported asks of a dataset at plan time)
+        from indexes.spec import IndexSpec
+
+        specs = {c: IndexSpec.parse(v) for c, v in indexes.items()}
+        self.btrees = {c: v for c, v in specs.items() if v.kind == "btree"}
+        self.inverted = {c: v for c, v in specs.items() if v.kind == "inverted"}
+        self.vectors = {c: v for c, v in specs.items() if v.kind not in ("btree", "inverted")}
         actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ShardActor)
         feeds: list[Mapping[str, Any] | None] = [None] * shards
         if kafka is not None:
@@ -278,22 +411,73 @@ class ShardedDataset:
         strategy: str | None = None,
     ) -> pa.Table:
         """The k nearest rows over every shard: each shard's k best, merged."""
+        return self.search_explained(
+            column, query, k, where, params, columns=columns, strategy=strategy
+        )[0]
+
+    def search_explained(
+        self,
+        column: str,
+        query: Any,
+        k: int,
+        where: Any = None,
+        params: Mapping[str, Any] | None = None,
+        *,
+        columns: Sequence[str] | None = None,
+        strategy: str | None = None,
+        guards: bool = True,
+    ) -> tuple[pa.Table, ShardedExplain]:
+        """``search`` and what each shard did (``ShardedExplain``: the weakest guarantee
+        of any shard, each shard's own explain and time)."""
         import ray
 
+        t0 = time.perf_counter()
         cols = None if columns is None else list(dict.fromkeys([*columns, self.key]))
         q = np.asarray(query, dtype=np.float32)
         parts = ray.get(
-            [a.search.remote(column, q, k, where, params, cols, strategy) for a in self.actors]
+            [
+                a.search.remote(column, q, k, where, params, cols, strategy, guards)
+                for a in self.actors
+            ]
         )
-        self.last_shard_ms = [ms for _, ms in parts]
-        tables = [t for t, _ in parts if t.num_rows]
+        self.last_shard_ms = [ms for _, ms, _ in parts]
+        tables = [t for t, _, _ in parts if t.num_rows]
         if not tables:
-            return parts[0][0]
-        merged = pa.concat_tables(tables)
-        order = pc.sort_indices(
-            merged, sort_keys=[("_distance", "ascending"), (self.key, "ascending")]
+            merged = parts[0][0]
+        else:
+            merged = pa.concat_tables(tables)
+            order = pc.sort_indices(
+                merged, sort_keys=[("_distance", "ascending"), (self.key, "ascending")]
+            )
+            merged = merged.take(order[:k])
+        if columns is not None and self.key not in columns:
+            merged = merged.select([*columns, "_distance"])
+        info = ShardedExplain.of(
+            [i for _, _, i in parts], self.last_shard_ms, (time.perf_counter() - t0) * 1000
         )
-        return merged.take(order[:k])
+        info.actual_rows = merged.num_rows
+        return merged, info
+
+    def scan(
+        self,
+        where: Any = None,
+        params: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> pa.Table:
+        """Rows of every shard satisfying ``where``, shard by shard (shard 0's first)."""
+        import ray
+
+        parts = ray.get([a.scan.remote(where, params, columns, limit) for a in self.actors])
+        out = pa.concat_tables(parts)
+        return out if limit is None else out.slice(0, limit)
+
+    def statistics(self) -> dict[str, Any]:
+        """The shards' statistics added up: rows, and per B-tree the nulls, the smallest
+        min and the largest max (``shards`` holds each shard's own)."""
+        import ray
+
+        return merge_statistics(ray.get([a.statistics.remote() for a in self.actors]))
 
     def wait_caught_up(self, timeout: float = 60.0) -> bool:
         import ray
@@ -322,3 +506,79 @@ class ShardedDataset:
                 ray.get(a.stop.remote(), timeout=60)
             ray.kill(a, no_restart=True)
         self.actors = []
+
+
+class ShardedSource(Source):
+    """A sharded dataset as a source (``dataset://<name>``, what ``DatasetSource`` is for
+    a local one): scans gather every shard's matching rows, ``search`` scatters to every
+    shard and merges the global top-k, statistics add the shards' up. Every filter it
+    takes is exact on every shard, so limits and projections are pushed as for a local
+    dataset. A scan's rows come shard by shard (no order is promised without order_by,
+    as for a local dataset). Ranked retrieval (``search:`` / ``rank:``, BM25) is refused:
+    each shard's term statistics are its own, so its scores would not be one dataset's."""
+
+    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT, Capability.IN_PROCESS})
+
+    def __init__(self, uri: str, dataset: ShardedDataset):
+        super().__init__(uri)
+        self.dataset = dataset
+
+    def schema(self) -> pa.Schema:
+        return self.dataset.schema
+
+    def supports_filter(self, expr: Any) -> Pushdown:
+        from indexes.filters import supported
+
+        return Pushdown.EXACT if supported(self.dataset, expr) else Pushdown.UNSUPPORTED
+
+    def statistics(self) -> Statistics:
+        st = self.dataset.statistics()
+        cols = {
+            c: ColumnStats(null_count=s["nulls"], min=s["min"], max=s["max"])
+            for c, s in st["indexes"].items()
+            if s["kind"] == "btree"
+        }
+        return Statistics(row_count=st["rows"], exact=True, columns=cols)
+
+    def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        from dsl.ast import and_all
+
+        check_columns(self.uri, request.columns, self.schema().names)
+        t = self.dataset.scan(
+            and_all(list(request.filters)), request.params, request.columns, request.limit
+        )
+        yield from t.to_batches(max_chunksize=request.batch_size)
+
+    def search(
+        self,
+        column: str,
+        query: Any,
+        k: int,
+        filters: Sequence[Any] = (),
+        params: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        analyze: bool = False,
+        *,
+        strategy: str | None = None,
+        guards: bool = True,
+    ) -> tuple[pa.Table, ShardedExplain]:
+        from dsl.ast import and_all
+
+        return self.dataset.search_explained(
+            column,
+            query,
+            k,
+            and_all(list(filters)),
+            params or {},
+            columns=columns,
+            strategy=strategy,
+            guards=guards,
+        )
+
+    def rank(self, **_kw: Any) -> tuple[pa.Table, Any]:
+        raise SourceError(
+            self.uri,
+            f"ranked retrieval (search: / rank:) over a dataset sharded in {self.dataset.n} "
+            "shards is not supported: each shard's BM25 statistics are its own",
+            hint="use nearest: on a sharded dataset, or declare it without shards: for ranking",
+        )
