@@ -104,7 +104,10 @@ class ShardActor:
                 partitions=tuple(kafka["partitions"]),
                 checkpoint_interval=float(kafka.get("checkpoint_interval", 10.0)),
                 batch_size=int(kafka.get("batch_size", 5000)),
-                dead_letter="none",
+                max_message_bytes=int(kafka.get("max_message_bytes", 1 << 20)),
+                # "none", "topic" (<topic>.dlq, shared by the shards) or "log": JSON lines
+                # in the shard's own state directory (dead-letters.jsonl)
+                dead_letter=_dead_letter(kafka.get("dead_letter", "none"), self.state_dir),
             )
             self.ingestor = KafkaIngestor(
                 f"{name}#{shard}",
@@ -114,6 +117,12 @@ class ShardActor:
                 start_offsets=self.resumed,
                 resume=dict(ck.meta) if ck else None,
             ).start()
+
+    def ingest_stats(self) -> dict[str, Any]:
+        """The shard's ingestor counters (fabric.ingest.kafka.IngestStats)."""
+        if self.ingestor is None:
+            return {}
+        return dict(vars(self.ingestor.stats))
 
     def info(self) -> dict[str, Any]:
         return {
@@ -195,6 +204,10 @@ class ShardActor:
         if self.ingestor is not None:
             self.ingestor.stop(checkpoint_now=True)
             self.ingestor = None
+
+
+def _dead_letter(how: str, state_dir: Path) -> str:
+    return f"log:{state_dir / 'dead-letters.jsonl'}" if how == "log" else how
 
 
 def aggregate_freshness(shards: Sequence[Mapping[str, Any]], max_lag: int) -> dict[str, Any]:
@@ -388,6 +401,12 @@ class ShardedDataset:
         import ray
 
         return list(ray.get([a.nbytes.remote() for a in self.actors]))
+
+    def ingest_stats(self) -> list[dict[str, Any]]:
+        """Each shard's ingestor counters (applied, upserted, deleted, dead_letters, ...)."""
+        import ray
+
+        return list(ray.get([a.ingest_stats.remote() for a in self.actors]))
 
     def keys_per_shard(self) -> list[list[Any]]:
         import ray
