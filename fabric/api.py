@@ -28,6 +28,17 @@ from fabric.config import FabricConfig, load_config
 log = logging.getLogger("fabric")
 
 
+_execute: Any = None  # fabric.execute.execute, imported on the first query (it loads DuckDB)
+
+
+def _load_execute() -> Any:
+    global _execute
+    from fabric.execute import execute
+
+    _execute = execute
+    return execute
+
+
 class UnknownBindingError(FabricError, LookupError):
     """No binding of that name; the message lists the existing ones."""
 
@@ -49,6 +60,8 @@ class Fabric:
             config, connections=connections, dataset_sources=dataset_sources, offline=offline
         )
         self.executor: Any = None  # fabric.ray.RayExecutor with executor: ray
+        #: datasets of fabric.yaml with shards: N (fabric.ray.shards.ShardedDataset)
+        self.sharded: dict[str, Any] = {}
         self.compiler = Compiler(self.catalog)
         self.bindings = BindingFiles(self.compiler, config.binding_files, config.root)
         self._closed = False
@@ -72,7 +85,11 @@ class Fabric:
                 raise
             self.catalog.executor = self.executor  # type: ignore[attr-defined]
         if not offline:
-            self._start_datasets(ingest)
+            try:
+                self._start_datasets(ingest)
+            except BaseException:
+                self.close()
+                raise
         if watch:
             self.bindings.watch()
 
@@ -82,12 +99,18 @@ class Fabric:
         attach each to the catalog as ``dataset://<name>``, and, with ``ingest``, start
         consuming the Kafka-fed ones. Freshness of every source is tracked for results,
         ``freshness()`` and the pushed signals."""
+        import dataclasses
+
         from connectors.dataset import DatasetSource
         from fabric.datasets import FabricService
 
-        self.service = FabricService.from_config(
-            self.config, connection_factory=self.catalog.connection
-        )
+        config = self.config
+        sharded = {n: d for n, d in config.datasets.items() if d.shards > 1}
+        if sharded:  # run on Ray actors (fabric.ray.shards), not by the dataset manager
+            self._check_sharded(sharded)
+            local = {n: d for n, d in config.datasets.items() if n not in sharded}
+            config = dataclasses.replace(config, datasets=local)
+        self.service = FabricService.from_config(config, connection_factory=self.catalog.connection)
         if self.executor is not None:  # refreshes read their sources as Ray tasks too
             self.service.manager.scan_hook = self.executor.scan
         try:
@@ -97,9 +120,39 @@ class Fabric:
             raise
         for name, ds in self.service.manager.datasets.items():
             self.catalog.register_dataset(name, DatasetSource(f"dataset://{name}", ds))
+        if sharded:
+            from fabric.ray.shards import ShardedSource, open_sharded
+
+            mgr = self.service.manager
+            for name, d in sharded.items():
+                self.sharded[name] = open_sharded(
+                    self.executor.cluster,
+                    d,
+                    self.catalog.connection,
+                    state_dir=mgr.state_dir / name,
+                    group_id=mgr.group_id(name),
+                    ingest=ingest,
+                )
+                src = ShardedSource(f"dataset://{name}", self.sharded[name])
+                self.catalog.register_dataset(name, src)
         self.catalog.freshness = self._source_freshness  # type: ignore[attr-defined]
         if self.tracer is not None:  # data_stale / data_fresh on the session timelines
             self.tracer.attach(self.service.tracker)
+
+    def _check_sharded(self, sharded: Mapping[str, Any]) -> None:
+        from dsl.errors import Diagnostic, DslError
+
+        if self.executor is None:
+            name, d = next(iter(sharded.items()))
+            raise DslError(
+                Diagnostic(
+                    f"dataset '{name}' declares shards: {d.shards}, and shards run as Ray "
+                    "actors, but this fabric runs with executor: local",
+                    d.shards_span,
+                    "set executor: ray in fabric.yaml (or fabric.open(..., executor='ray')), "
+                    "or remove shards:",
+                )
+            )
 
     def _source_freshness(self, uri: str) -> Mapping[str, Any] | None:
         """The executor's freshness provider for a dataset, always against its source: a
@@ -109,6 +162,10 @@ class Fabric:
         (``DatasetManager.broker_lag``); a refreshed one compares its refresh watermark
         with the source's (``DatasetManager.refresh_freshness``)."""
         name = uri[len("dataset://") :] if uri.startswith("dataset://") else uri
+        if name in self.sharded:  # every shard's lag (fabric.ray.shards.sharded_freshness)
+            from fabric.ray.shards import sharded_freshness
+
+            return sharded_freshness(self.sharded[name])
         mgr = self.service.manager
         decl = mgr.decls.get(name)
         if decl is None:
@@ -136,6 +193,8 @@ class Fabric:
         self.bindings.stop()
         if self.service is not None:
             self.service.stop()
+        for ds in self.sharded.values():  # checkpoints written, then the actors stopped
+            ds.close()
         self.catalog.close()
         if self.executor is not None:
             self.executor.close()
@@ -236,7 +295,16 @@ class Fabric:
         (docs/tracing.md); without it, the one set by ``fabric.tracing.session(...)``."""
         compiled = self.binding(name)
         params = compiled.bind(session)
-        from fabric.execute import execute
+        execute = _execute or _load_execute()
+        if compiled.spec.cache is None:  # no semantic cache: run the plan, nothing around it
+            return execute(
+                compiled.runnable,
+                params,
+                self.catalog,
+                binding=name,
+                session_id=session_id,
+                version=compiled.content_hash,
+            )
 
         def run() -> Any:
             return execute(
@@ -337,6 +405,8 @@ class Fabric:
         ``count()``, ``search(...)``."""
         if self.service is None:
             raise LookupError("this fabric was opened offline: no datasets are materialized")
+        if name in self.sharded:  # fabric.ray.shards.ShardedDataset
+            return self.sharded[name]
         return self.service.manager.dataset(name)
 
     def refresh(self, name: str) -> dict[str, Any]:

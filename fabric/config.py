@@ -69,7 +69,10 @@ DATASET_KEYS = (
     "where",
     "refresh",
     "embed",
+    "shards",
+    "shard_by",
 )
+SHARD_BY = ("key", "partition")
 EMBED_KEYS = ("from", "into", "model")
 REFRESH_KEYS = ("mode", "every", "cursor")
 REFRESH_MODES = ("full", "append", "changes")
@@ -169,6 +172,12 @@ class DatasetConfig:
     from_span: Span | None = field(default=None, compare=False)
     #: fabric.embed.EmbedSpec: vector columns computed from text columns as rows arrive
     embed: tuple[Any, ...] = ()
+    #: ``shards: N`` (executor: ray): N Ray actors each hold a part (fabric.ray.shards);
+    #: ``shard_by`` ``partition`` (Kafka-fed: shard i owns partitions p % N == i) or
+    #: ``key`` (filled through upsert: crc32 of the key)
+    shards: int = 1
+    shard_by: str | None = None
+    shards_span: Span | None = field(default=None, compare=False)
 
     def index(self, column: str) -> IndexConfig | None:
         return next((i for i in self.indexes if i.column == column), None)
@@ -623,6 +632,7 @@ def _datasets(
             desc = y.string(dm, "description", "description") if "description" in dm else None
             refresh = _refresh(L, dm, schema, from_uri, conns)
             embeds = _embed(L, dm, schema, key_col) if "embed" in dm else ()
+            shards, shard_by = _shards(L, dm, from_uri, key_col)
             out[name] = DatasetConfig(
                 name,
                 schema,
@@ -636,10 +646,68 @@ def _datasets(
                 refresh=refresh,
                 from_span=y.value_span(dm, "from") if from_uri else None,
                 embed=embeds,
+                shards=shards,
+                shard_by=shard_by,
+                shards_span=y.key_span(dm, "shards") if "shards" in dm else None,
             )
 
         L.collect(one)
     return out
+
+
+def _shards(
+    L: _Loader, dm: YamlMap, from_uri: str | None, key: str | None
+) -> tuple[int, str | None]:
+    """``shards: N`` and ``shard_by: partition | key`` of a dataset (executor: ray runs
+    the shards as actors; fabric.ray.shards)."""
+    y = L.y
+    if "shards" not in dm:
+        if "shard_by" in dm:
+            raise y.error(
+                "shard_by applies to a sharded dataset, and this one has no shards:",
+                y.key_span(dm, "shard_by"),
+                "add shards: N (N Ray actors, executor: ray), or remove shard_by:",
+            )
+        return 1, None
+    n = y.integer(dm, "shards", "shards", 1)
+    kind = from_uri.split("://", 1)[0] if from_uri else None
+    natural = "partition" if kind == "kafka" else "key"
+    by = y.string(dm, "shard_by", "shard_by") if "shard_by" in dm else natural
+    if by not in SHARD_BY:
+        raise y.error(
+            f"unknown shard_by '{by}'", y.value_span(dm, "shard_by"), did_you_mean(by, SHARD_BY)
+        )
+    where = y.value_span(dm, "shard_by") if "shard_by" in dm else y.key_span(dm, "shards")
+    if kind not in (None, "kafka") and n > 1:
+        raise y.error(
+            f"a dataset refreshed from {kind}:// cannot be sharded yet (shards apply to "
+            "datasets fed from kafka:// or filled through upsert)",
+            y.key_span(dm, "shards"),
+            "remove shards:, or feed the dataset from a Kafka topic",
+        )
+    if by != natural:
+        raise y.error(
+            "a dataset fed from Kafka is sharded by partition (the producer already hashed "
+            "each key to one partition)"
+            if kind == "kafka"
+            else "shard_by: partition needs a dataset fed from kafka://; this one is filled "
+            "through upsert",
+            where,
+            f"use shard_by: {natural}, or leave shard_by out",
+        )
+    if key is None and n > 1:
+        raise y.error(
+            "a sharded dataset needs key: (the column that decides a row's shard)",
+            y.key_span(dm, "shards"),
+        )
+    for other in ("embed", "retention"):
+        if other in dm and n > 1:
+            raise y.error(
+                f"{other}: is not supported on a sharded dataset yet",
+                y.key_span(dm, other),
+                f"remove {other}:, or remove shards:",
+            )
+    return n, by
 
 
 def _embed(L: _Loader, dm: YamlMap, schema: pa.Schema, key: str | None) -> tuple[Any, ...]:

@@ -58,6 +58,8 @@ __all__ = [
     "ShardedSource",
     "aggregate_freshness",
     "merge_statistics",
+    "open_sharded",
+    "sharded_freshness",
 ]
 
 
@@ -94,6 +96,7 @@ class ShardActor:
         self.started_at = time.time()
         self.pid = os.getpid()
         self.ingestor: Any = None
+        self.kafka = kafka
         if kafka is not None:
             from fabric.ingest.kafka import IngestOptions, KafkaIngestor
 
@@ -187,8 +190,9 @@ class ShardActor:
         return True if self.ingestor is None else self.ingestor.wait_caught_up(timeout)
 
     def freshness(self) -> dict[str, Any]:
-        if self.ingestor is None:
-            return {"shard": self.shard, "lag_messages": 0, "caught_up": True}
+        if self.ingestor is None:  # fed through upsert: current; a stopped feed: unknown
+            fed = self.kafka is not None
+            return {"shard": self.shard, "lag_messages": None if fed else 0, "caught_up": not fed}
         return {
             "shard": self.shard,
             "lag_messages": self.ingestor.lag_messages,
@@ -372,6 +376,8 @@ class ShardedDataset:
             for i in range(shards)
         ]
         self.last_shard_ms: list[float] = []
+        self.fed_from_kafka = kafka is not None  # open_sharded: also when not ingested here
+        self.ingesting = kafka is not None
 
     # ---- writes (datasets not fed from Kafka)
     def upsert(self, table: pa.Table) -> int:
@@ -601,3 +607,84 @@ class ShardedSource(Source):
             "shards is not supported: each shard's BM25 statistics are its own",
             hint="use nearest: on a sharded dataset, or declare it without shards: for ranking",
         )
+
+
+def open_sharded(
+    cluster: Any,
+    decl: Any,
+    connection: Any,
+    *,
+    state_dir: str | Path,
+    group_id: str,
+    ingest: bool = True,
+) -> ShardedDataset:
+    """The ``ShardedDataset`` of a ``datasets:`` entry with ``shards: N``
+    (fabric.config.DatasetConfig): fed from its Kafka topic (``connection(name)`` opens
+    the connection; every partition of the topic, shard i owning ``p % N == i``) when
+    ``ingest``, else only loaded from the shards' checkpoints. Too many shards for the
+    topic's partitions is an error at the dataset's ``shards:`` in fabric.yaml."""
+    from dsl.errors import Diagnostic, DslError
+
+    indexes = {i.column: {"kind": i.kind, **_index_options(i.options)} for i in decl.indexes}
+    kafka = None
+    if decl.from_uri and decl.from_uri.startswith("kafka://"):
+        conn_name, _, topic = decl.from_uri[len("kafka://") :].partition("/")
+        src = connection(conn_name).source(topic)
+        parts = sorted(int(p) for p in src.partitions)
+        if len(parts) < decl.shards:
+            raise DslError(
+                Diagnostic(
+                    f"dataset '{decl.name}' has shards: {decl.shards} but its topic {topic} has "
+                    f"{len(parts)} partition(s); a shard owns whole partitions",
+                    decl.shards_span,
+                    f"use shards: {len(parts)} or fewer, or add partitions to {topic}",
+                )
+            )
+        if ingest:
+            kafka = {
+                "bootstrap": connection(conn_name).bootstrap,
+                "topic": topic,
+                "partitions": parts,
+                "group_id": group_id,
+                "dead_letter": "log",
+            }
+    ds = ShardedDataset(
+        cluster,
+        decl.name,
+        decl.schema,
+        decl.key,
+        indexes,
+        shards=decl.shards,
+        state_dir=state_dir,
+        kafka=kafka,
+    )
+    ds.fed_from_kafka = bool(decl.from_uri and decl.from_uri.startswith("kafka://"))
+    return ds
+
+
+def _index_options(opts: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in opts.items() if k in ("metric", "M", "ef_construction", "ef")}
+
+
+def sharded_freshness(ds: ShardedDataset, timeout: float = 5.0) -> dict[str, Any]:
+    """The executor's freshness of a sharded dataset: the messages its shards have not
+    applied, summed (what an answer over every shard misses: a local dataset's lag), and
+    an error -- so stale -- when any shard is behind with an unknown lag, does not answer
+    within ``timeout`` (restarting), or when a Kafka-fed dataset is not ingested here."""
+    import ray
+
+    if ds.fed_from_kafka and not ds.ingesting:
+        return {
+            "lag_messages": None,
+            "error": f"dataset {ds.name} is sharded and not ingested by this fabric (ingest=False)",
+        }
+    try:
+        shards = ray.get([a.freshness.remote() for a in ds.actors], timeout=timeout)
+    except Exception as e:
+        return {"lag_messages": None, "error": f"a shard of {ds.name} did not answer: {e}"}
+    agg = aggregate_freshness(shards, ds.max_lag)
+    out: dict[str, Any] = {"lag_messages": agg["lag_messages"], "shards": agg["shards"]}
+    unknown = [s["shard"] for s in shards if s.get("lag_messages") is None]
+    if unknown:
+        out["error"] = f"the lag of shard(s) {unknown} of {ds.name} is not known yet"
+    return out
