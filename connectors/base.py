@@ -173,6 +173,97 @@ class Watermark:
     detail: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class ScanMetrics:
+    """What one scan cost at its source and what it found there.
+
+    Each ``ScanRequest`` carries its own (``request.metrics``), which the source fills
+    while it scans; the executor reports it under the source in
+    ``res.stats["sources"][alias]["source"]`` (``as_dict()``) and on the scan's line of
+    ``explain(analyze=True)``. A source keeps nothing per scan on itself: the catalog
+    caches one Source per URI and every concurrent query scans that one object.
+
+    The rows and Arrow bytes a scan returned are counted by the executor from the batches
+    (``res.stats["sources"][alias]["rows"]`` / ``["bytes"]``); ``rows`` here is the
+    source's own count, which the conformance kit checks against them. What no field
+    holds goes in ``extra`` (reported as is, so JSON-like values only).
+
+    >>> m = ScanMetrics(statement="SELECT id FROM t WHERE n < %s", records=40)
+    >>> m.extra["reader"] = "duckdb"
+    >>> m.as_dict()
+    {'statement': 'SELECT id FROM t WHERE n < %s', 'records': 40, 'reader': 'duckdb'}
+    """
+
+    #: what was sent to the server: the SQL text (with placeholders), a Mongo filter (JSON)
+    statement: str | None = None
+    #: requests against the connection's budget (REST pages; scans of a connection with
+    #: ``rate_limit`` / ``retries``), the retries among them and the seconds waited for a
+    #: rate-limit token and between retries (``connectors.ratelimit``)
+    requests: int = 0
+    retries: int = 0
+    throttle_wait_s: float = 0.0
+    backoff_wait_s: float = 0.0
+    #: HTTP status -> responses (REST)
+    statuses: dict[int, int] = field(default_factory=dict)
+    #: records read at the source before its own filters (Kafka messages, Mongo
+    #: documents, REST records)
+    records: int | None = None
+    #: records that did not fit the schema: skipped (Kafka) or with bad cells set null
+    #: (Mongo, REST ``on_error: null``); ``bad_samples`` says where and why for the first 100
+    bad_records: int | None = None
+    bad_samples: list[dict[str, Any]] = field(default_factory=list)
+    #: files and Parquet row groups in the object set, and those left to read after
+    #: partition and statistics pruning (S3, file)
+    files_total: int | None = None
+    files_read: int | None = None
+    row_groups_total: int | None = None
+    row_groups_read: int | None = None
+    #: a source-side cache: Kafka's tail cache ``hit``, ``caught up`` or ``off (why)``
+    cache: str | None = None
+    #: rows the source returned (its own count)
+    rows: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    #: the cap on ``bad_samples``
+    MAX_SAMPLES: ClassVar[int] = 100
+
+    def bad(self, count: int, samples: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Count ``count`` more bad records, keeping the first ``MAX_SAMPLES`` samples."""
+        self.bad_records = (self.bad_records or 0) + count
+        room = self.MAX_SAMPLES - len(self.bad_samples)
+        if room > 0:
+            self.bad_samples.extend(dict(s) for s, _ in zip(samples, range(room)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """What was measured, for ``res.stats`` (nothing measured: ``{}``)."""
+        out: dict[str, Any] = {}
+        if self.statement is not None:
+            out["statement"] = self.statement
+        if self.requests:
+            out["requests"] = self.requests
+            out["retries"] = self.retries
+            out["throttle_wait_ms"] = round(self.throttle_wait_s * 1000, 3)
+            out["backoff_wait_ms"] = round(self.backoff_wait_s * 1000, 3)
+            if self.statuses:
+                out["statuses"] = {str(k): v for k, v in sorted(self.statuses.items())}
+        for name in (
+            "records",
+            "bad_records",
+            "files_total",
+            "files_read",
+            "row_groups_total",
+            "row_groups_read",
+            "cache",
+        ):
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = v
+        if self.bad_samples:
+            out["bad_samples"] = list(self.bad_samples)
+        out.update(self.extra)
+        return out
+
+
 @dataclass(frozen=True)
 class ScanRequest:
     """What the planner asks of one source.
@@ -193,9 +284,10 @@ class ScanRequest:
     time_range: tuple[float | None, float | None] | None = None
     batch_size: int = 65_536
     timeout: float | None = 30.0
-    #: what this scan cost at its source (requests, retries, rate-limit waits), filled by
-    #: the source while it scans and reported under the source in ``res.stats``
-    metrics: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: what this scan cost and found at its source, filled by the source while it scans
+    #: (one per request: two scans of one source never share it); the executor reports
+    #: it under the source in ``res.stats`` and ``explain(analyze=True)``
+    metrics: ScanMetrics = field(default_factory=ScanMetrics, compare=False, hash=False)
 
 
 class Source:

@@ -21,12 +21,14 @@ caught up at each scan from the cached positions to the watermarks captured at i
 start, so a repeated scan decodes only the new messages; time range, filters,
 ``latest_by`` and projection then run on the cached Arrow data with pyarrow. Deleted or
 recreated topics, moved low watermarks and added partitions are reconciled at every
-scan; a topic over the bounds is streamed instead (``last_scan["cache"]`` says which).
+scan; a topic over the bounds is streamed instead (the scan's ``request.metrics.cache``
+says which).
 Without the cache (``cache: false``, or over the bounds) a new consumer reads every
 partition from its low watermark; with ``time_range`` it seeks with
 ``offsets_for_times`` and also checks every record's time, so a broker whose time index
 is wrong (Tansu) gives a slower but still exact answer. JSON values are decoded into the
-schema; bad messages are skipped and counted (``last_scan``), never fatal. Filters that
+schema; bad messages are skipped and counted (``request.metrics.bad_records``, reported
+in ``res.stats``), never fatal. Filters that
 pyarrow can evaluate are applied here (EXACT), before ``latest_by`` (which keeps the
 newest record per key: greatest timestamp, then partition and offset).
 """
@@ -419,10 +421,6 @@ class KafkaSource(Source):
         self.topic = topic
         self.partitions = partitions
         self._schema = schema
-        self.last_scan: dict[str, Any] = {}
-        self.errors: list[
-            tuple[int, int, str]
-        ] = []  # (partition, offset, reason) of the last scan, first 100
         self._last_wm: Watermark | None = None
 
     def schema(self) -> pa.Schema:
@@ -556,18 +554,17 @@ class KafkaSource(Source):
                 pc.less_equal(ts, hi_t) if hi_t is not None else pc.is_valid(ts),
             )
             table = table.filter(mask)
-        stats: dict[str, Any] = {
-            "messages": table.num_rows + len(bad),
-            "bad_messages": len(bad),
-            "rows": 0,
-            "partitions": len(snap.end),
-            "end_offsets": dict(snap.end),
-            "cache": "hit" if snap.caught_up == 0 else "caught up",
-            "cache_read": snap.caught_up,
-            "cache_resets": snap.resets,
-        }
-        self.last_scan = stats
-        self.errors = [(p, off, why) for p, off, _, why in bad[:100]]
+        m = request.metrics  # this scan's own: the source is shared by concurrent queries
+        m.records, m.bad_records = table.num_rows + len(bad), 0
+        m.cache = "hit" if snap.caught_up == 0 else "caught up"
+        m.bad_samples.clear()  # a retried scan (connectors.ratelimit) counts afresh
+        m.bad(len(bad), ({"partition": p, "offset": off, "reason": why} for p, off, _, why in bad))
+        m.extra.update(
+            partitions=len(snap.end),
+            end_offsets=dict(snap.end),
+            cache_read=snap.caught_up,
+            cache_resets=snap.resets,
+        )
         if tsf is not None and (lo_t is not None or hi_t is not None):
             table = _event_time_filter(table, tsf, lo_t, hi_t)
         if expr is not None:
@@ -577,7 +574,7 @@ class KafkaSource(Source):
         table = table.select(cols)
         if request.limit is not None:
             table = table.slice(0, request.limit)
-        stats["rows"] = table.num_rows
+        m.rows = table.num_rows
         out_schema = pa.schema([self._schema.field(c) for c in cols])
         batches = [
             pa.RecordBatch.from_arrays(b.columns, schema=out_schema)
@@ -594,14 +591,10 @@ class KafkaSource(Source):
         lo_t, hi_t = request.time_range or (None, None)
         tsf = self.conn.timestamp_field(self.topic)
         timeout = self.conn.request_timeout(request.timeout)
-        stats: dict[str, Any] = {
-            "messages": 0,
-            "bad_messages": 0,
-            "rows": 0,
-            "partitions": len(self.partitions),
-            "cache": note,
-        }
-        self.last_scan, self.errors = stats, []
+        sm = request.metrics  # this scan's own: the source is shared by concurrent queries
+        sm.records, sm.bad_records, sm.rows, sm.cache = 0, 0, 0, note
+        sm.bad_samples.clear()  # a retried scan (connectors.ratelimit) counts afresh
+        sm.extra["partitions"] = len(self.partitions)
         newest: float | None = None
         out_schema = pa.schema([self._schema.field(c) for c in cols])
         keep: list[pa.RecordBatch] = []  # latest_by needs everything before it can answer
@@ -622,7 +615,7 @@ class KafkaSource(Source):
                     end = {p: h for p, (lo, h) in marks.items()}
                     todo = {p for p in start if start[p] < end[p]}
                 reached: dict[int, int] = {}
-                stats["end_offsets"] = reached
+                sm.extra["end_offsets"] = reached
                 if todo:
                     c.assign([TopicPartition(self.topic, p, start[p]) for p in todo])
                 deadline = time.monotonic() + max(timeout, 1.0)
@@ -665,13 +658,15 @@ class KafkaSource(Source):
                         meta.append((p, off, ts))
                     if not values:
                         continue
-                    stats["messages"] += len(values)
+                    sm.records += len(values)
                     table, errs = _decode(values, meta, self._schema)
                     if errs:
-                        stats["bad_messages"] += len(errs)
-                        room = 100 - len(self.errors)
-                        self.errors.extend(
-                            (meta[i][0], meta[i][1], why) for i, why in errs[: max(room, 0)]
+                        sm.bad(
+                            len(errs),
+                            (
+                                {"partition": meta[i][0], "offset": meta[i][1], "reason": why}
+                                for i, why in errs
+                            ),
                         )
                     if tsf is not None and (lo_t is not None or hi_t is not None):
                         table = _event_time_filter(table, tsf, lo_t, hi_t)
@@ -687,7 +682,7 @@ class KafkaSource(Source):
                     if left is not None:
                         table = table.slice(0, left)
                         left -= table.num_rows
-                    stats["rows"] += table.num_rows
+                    sm.rows += table.num_rows
                     for b in table.to_batches(max_chunksize=request.batch_size):
                         yield pa.RecordBatch.from_arrays(b.columns, schema=out_schema)
                     if left is not None and left <= 0:
@@ -702,7 +697,7 @@ class KafkaSource(Source):
                 lag_messages=0,
                 detail={
                     "kind": "bounded scan",
-                    "end_offsets": stats.get("end_offsets", {}),
+                    "end_offsets": sm.extra.get("end_offsets", {}),
                     "high": {p: h for p, (lo, h) in marks.items()},
                 },
             )
@@ -713,12 +708,12 @@ class KafkaSource(Source):
             ).select(cols)
             if left is not None:
                 table = table.slice(0, left)
-            stats["rows"] = table.num_rows
+            sm.rows = table.num_rows
             yield from (
                 pa.RecordBatch.from_arrays(b.columns, schema=out_schema)
                 for b in table.to_batches(max_chunksize=request.batch_size)
             )
-        elif stats["rows"] == 0:
+        elif sm.rows == 0:
             yield pa.RecordBatch.from_pylist([], schema=out_schema)
 
 

@@ -38,6 +38,7 @@ from connectors.base import (
     Capability,
     Connection,
     Pushdown,
+    ScanMetrics,
     ScanRequest,
     Source,
     SourceError,
@@ -321,8 +322,6 @@ class MongoSource(Source):
         self.collection = collection
         self._schema = schema
         self._fields = {f.name: f for f in schema}
-        self.last_filter: dict[str, Any] | None = None
-        self.last_stats: dict[str, int] = {}
 
     @property
     def coll(self) -> Any:
@@ -372,7 +371,10 @@ class MongoSource(Source):
             except NotTranslatable:  # a filter not offered first (dynamic): applied below
                 local.append(f)
         query = merge_and(parts)
-        self.last_filter = query
+        from bson import json_util
+
+        # this scan's own (the source is shared by concurrent queries): the filter sent
+        request.metrics.statement = json_util.dumps(query)
         cols = list(request.columns) if request.columns is not None else self._schema.names
         unknown = [c for c in cols if c not in self._fields]
         if unknown:
@@ -395,7 +397,7 @@ class MongoSource(Source):
         projection = {c: 1 for c in need}
         if "_id" not in need:
             projection["_id"] = 0
-        self.last_stats = {"documents": 0, "bad_values": 0}
+        request.metrics.records, request.metrics.bad_records = 0, 0
         if limit is not None and limit <= 0:
             yield pa.RecordBatch.from_pylist([], schema=schema)
             return
@@ -467,15 +469,19 @@ class MongoSource(Source):
         for doc in cursor:
             buf.append(doc)
             if len(buf) >= request.batch_size:
-                yield self._batch(buf, schema)
+                yield self._batch(buf, schema, request.metrics)
                 buf = []
-        if buf or self.last_stats["documents"] == 0:
-            yield self._batch(buf, schema)
+        if buf or not request.metrics.records:
+            yield self._batch(buf, schema, request.metrics)
 
-    def _batch(self, docs: list[Mapping[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
+    def _batch(
+        self, docs: list[Mapping[str, Any]], schema: pa.Schema, metrics: ScanMetrics
+    ) -> pa.RecordBatch:
         batch, errors = rows_to_batch(docs, schema, on_error="null")
-        self.last_stats["documents"] += len(docs)
-        self.last_stats["bad_values"] += len(errors)
+        first = metrics.records or 0
+        metrics.records = first + len(docs)
+        if errors:  # the bad cells are null
+            metrics.bad(len(errors), ({"document": first + i, "reason": why} for i, why in errors))
         return batch
 
 

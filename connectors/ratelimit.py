@@ -14,9 +14,9 @@ times, waiting ``uniform(0, min(max_delay, base * 2**attempt))`` (exponential ba
 full jitter), and never less than the server's ``Retry-After``. A wait that would end after
 the query's deadline is not taken: the request fails at once, saying so.
 
-Both report what they did into a scan's metrics (``ScanMetrics``): requests, retries, the
-seconds waited for tokens and for backoff, which ``res.stats`` and ``explain(analyze=True)``
-show under the source.
+Both report what they did into the scan's own metrics (``request.metrics``, a
+``connectors.base.ScanMetrics``): requests, retries, the seconds waited for tokens and for
+backoff, which ``res.stats`` and ``explain(analyze=True)`` show under the source.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dsl.errors import FabricError
@@ -42,28 +42,6 @@ def _number(options: Mapping[str, Any], key: str, what: str, default: float | No
     if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
         raise RateLimitConfigError(f"{what}.{key} must be a non-negative number, got {v!r}")
     return float(v)
-
-
-@dataclass
-class ScanMetrics:
-    """What one scan spent on its connection's budget (reported in ``res.stats``)."""
-
-    requests: int = 0
-    retries: int = 0
-    throttle_wait_s: float = 0.0  # waiting for a rate-limit token
-    backoff_wait_s: float = 0.0  # waiting between retries (Retry-After included)
-    statuses: dict[int, int] = field(default_factory=dict)  # HTTP status -> count
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "requests": self.requests,
-            "retries": self.retries,
-            "throttle_wait_ms": round(self.throttle_wait_s * 1000, 3),
-            "backoff_wait_ms": round(self.backoff_wait_s * 1000, 3),
-        }
-        if self.statuses:
-            out["statuses"] = {str(k): v for k, v in sorted(self.statuses.items())}
-        return out
 
 
 class TokenBucket:
@@ -263,37 +241,32 @@ class LimitedSource:
         from connectors.base import SourceError
 
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
-        metrics = ScanMetrics()
+        metrics = request.metrics  # this scan's own; the wrapped source fills the rest
         bucket, retry = self.limits.bucket, self.limits.retry
-        try:
-            attempt = 0
-            while True:
-                if bucket is not None:
-                    try:
-                        metrics.throttle_wait_s += bucket.acquire(deadline, "scan")
-                    except TimeoutError as e:
-                        raise SourceError(self.uri, str(e), retriable=True) from None
-                metrics.requests += 1
-                batches = iter(self.inner.scan(request))
+        attempt = 0
+        while True:
+            if bucket is not None:
                 try:
-                    first = next(batches)
-                except StopIteration:
-                    return
-                except SourceError as e:
-                    if not e.retriable or attempt >= retry.max:
-                        raise
-                    delay = retry.delay(attempt)
-                    if deadline is not None and time.monotonic() + delay > deadline:
-                        raise
-                    time.sleep(delay)
-                    metrics.backoff_wait_s += delay
-                    metrics.retries += 1
-                    attempt += 1
-                    continue
-                yield first
-                yield from batches
+                    metrics.throttle_wait_s += bucket.acquire(deadline, "scan")
+                except TimeoutError as e:
+                    raise SourceError(self.uri, str(e), retriable=True) from None
+            metrics.requests += 1
+            batches = iter(self.inner.scan(request))
+            try:
+                first = next(batches)
+            except StopIteration:
                 return
-        finally:
-            out = getattr(request, "metrics", None)
-            if isinstance(out, dict):
-                out.update(metrics.as_dict())
+            except SourceError as e:
+                if not e.retriable or attempt >= retry.max:
+                    raise
+                delay = retry.delay(attempt)
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                metrics.backoff_wait_s += delay
+                metrics.retries += 1
+                attempt += 1
+                continue
+            yield first
+            yield from batches
+            return

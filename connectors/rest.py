@@ -71,6 +71,7 @@ from connectors.base import (
     Capability,
     Connection,
     Pushdown,
+    ScanMetrics,
     ScanRequest,
     Source,
     SourceError,
@@ -84,7 +85,6 @@ from connectors.json_decode import _MISSING, get_path, rows_to_batch
 from connectors.ratelimit import (
     RateLimitConfigError,
     RetryPolicy,
-    ScanMetrics,
     TokenBucket,
 )
 from dsl.ast import Between, Binary, Column, Expr, InList, Literal, Param
@@ -414,36 +414,35 @@ class RestSource(Source):
         read_schema = pa.schema([schema.field(n) for n in read])
         limit = request.limit
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
-        metrics = ScanMetrics()
+        metrics = request.metrics  # this scan's own (pages, retries, waits, records)
+        metrics.records, metrics.bad_records = 0, 0
         got = 0
-        try:
-            # the API's records count towards the limit only when nothing is filtered here
-            for docs in self._pages(query, metrics, deadline, None if local else limit):
-                batch, errors = rows_to_batch(
-                    docs, read_schema, on_error=self.endpoint.on_error, first_row=got
+        # the API's records count towards the limit only when nothing is filtered here
+        for docs in self._pages(query, metrics, deadline, None if local else limit):
+            metrics.records += len(docs)
+            batch, errors = rows_to_batch(
+                docs, read_schema, on_error=self.endpoint.on_error, first_row=got
+            )
+            if errors:
+                metrics.bad(len(errors), ({"record": r, "reason": why} for r, why in errors))
+            if errors and self.endpoint.on_error == "fail":
+                row, msg = errors[0]
+                raise SourceError(
+                    self.uri,
+                    f"record {row} does not fit the declared schema: {msg}",
+                    hint=f"fix the declared schema of {self.endpoint.name}, or set "
+                    "on_error: null (bad cells become null) or skip (the record is dropped)",
                 )
-                if errors and self.endpoint.on_error == "fail":
-                    row, msg = errors[0]
-                    raise SourceError(
-                        self.uri,
-                        f"record {row} does not fit the declared schema: {msg}",
-                        hint=f"fix the declared schema of {self.endpoint.name}, or set "
-                        "on_error: null (bad cells become null) or skip (the record is dropped)",
-                    )
-                t = pa.Table.from_batches([batch], schema=read_schema)
-                for f in local:
-                    t = filter_table(t, f, params)
-                if limit is not None:
-                    t = t.slice(0, limit - got)
-                got += t.num_rows
-                t = t.select(want)
-                yield from t.to_batches(max_chunksize=request.batch_size)
-                if limit is not None and got >= limit:
-                    return
-        finally:
-            request_metrics = getattr(request, "metrics", None)
-            if isinstance(request_metrics, dict):
-                request_metrics.update(metrics.as_dict())
+            t = pa.Table.from_batches([batch], schema=read_schema)
+            for f in local:
+                t = filter_table(t, f, params)
+            if limit is not None:
+                t = t.slice(0, limit - got)
+            got += t.num_rows
+            t = t.select(want)
+            yield from t.to_batches(max_chunksize=request.batch_size)
+            if limit is not None and got >= limit:
+                return
 
     def _pages(
         self,

@@ -15,7 +15,8 @@ named ``key=value`` are hive partitions and become columns.
 
 Every filter pyarrow can evaluate is EXACT: the scanner applies it fully. Before reading,
 partition filters drop whole files and Parquet row-group statistics drop row groups; the
-counts are in ``last_scan`` (files/row groups total and read, rows returned, ``reader``).
+counts are in the scan's ``request.metrics`` (files/row groups total and read, rows
+returned, ``extra["reader"]``), which ``res.stats`` reports under the source.
 
 Plain Parquet files (no hive partitions, no declared schema, no zoneless timestamps, the
 same schema in every file) are decoded by DuckDB's Parquet reader (``connectors/
@@ -53,6 +54,7 @@ from connectors.base import (
     ColumnStats,
     Connection,
     Pushdown,
+    ScanMetrics,
     ScanRequest,
     Source,
     SourceError,
@@ -139,7 +141,6 @@ class S3Source(Source):
         self.conn = conn
         self.obj = obj
         self.options = dict(options)
-        self.last_scan: dict[str, Any] = {}
         self._files: list[pafs.FileInfo] = []
         self._dataset: ds.FileSystemDataset | None = None
         self._stats: Statistics | None = None
@@ -350,28 +351,24 @@ class S3Source(Source):
         pred = and_all([f for f in request.filters if f not in post])
         expr = to_arrow(pred, params, now=utcnow(), schema=schema) if pred is not None else None
         read = list(dict.fromkeys([*cols, *sorted(c.name for f in post for c in f.columns())]))
-        stats: dict[str, Any] = {
-            "reader": "pyarrow",
-            "files_total": len(self._files),
-            "files_read": 0,
-            "row_groups_total": 0,
-            "row_groups_read": 0,
-            "rows": 0,
-        }
-        self.last_scan = stats
+        stats = request.metrics  # this scan's own: the source is shared by concurrent queries
+        stats.extra["reader"] = "pyarrow"
+        stats.files_total, stats.files_read, stats.rows = len(self._files), 0, 0
+        if self.format == "parquet":
+            stats.row_groups_total = stats.row_groups_read = 0
         try:
             frags = (
                 list(self.dataset.get_fragments(filter=expr))
                 if expr is not None
                 else list(self.dataset.get_fragments())
             )
-            stats["files_read"] = len(frags)
+            stats.files_read = len(frags)
             if self.format == "parquet":
                 pieces = []
                 for f in frags:
-                    stats["row_groups_total"] += f.metadata.num_row_groups
                     pieces.extend(_row_groups(f, expr, schema))
-                stats["row_groups_read"] = len(pieces)
+                stats.row_groups_total = sum(f.metadata.num_row_groups for f in frags)
+                stats.row_groups_read = len(pieces)
                 if frags and self._duck_ok(frags):
                     yield from self._duck_scan(frags, cols, request, params, stats)
                     return
@@ -393,7 +390,7 @@ class S3Source(Source):
                 if left is not None:
                     b = b.slice(0, left)
                     left -= b.num_rows
-                stats["rows"] += b.num_rows
+                stats.rows += b.num_rows
                 yield b
                 if left is not None and left <= 0:
                     return
@@ -421,9 +418,9 @@ class S3Source(Source):
         cols: list[str],
         request: ScanRequest,
         params: Mapping[str, Any],
-        stats: dict[str, Any],
+        stats: ScanMetrics,
     ) -> Iterator[pa.RecordBatch]:
-        stats["reader"] = "duckdb"
+        stats.extra["reader"] = "duckdb"
         files = self.conn.duck_files()
         if files is None:
             urls = [f.path for f in frags]
@@ -444,7 +441,7 @@ class S3Source(Source):
             if request.limit is not None:
                 table = table.slice(0, max(request.limit, 0))
         table = table.select(cols)
-        stats["rows"] = table.num_rows
+        stats.rows = table.num_rows
         if table.num_rows == 0:
             yield pa.RecordBatch.from_pylist([], schema=table.schema)
             return

@@ -166,7 +166,6 @@ class SqlSource(Source):
         # SQLite folds ASCII case for)
         self.binary_text = dialect == "sqlite" and _sqlite_binary_collation(conn, table)
         self._stats: Statistics | None = None
-        self._last_stmt: sa.Select | None = None
         # PostgreSQL CHAR(n) pads values with blanks ('Brand#13  ') and compares them
         # ignoring the padding: read and compare them as text (cast drops the padding), as
         # MariaDB and DuckDB's scanners return them, so pushed and local filters agree
@@ -183,14 +182,6 @@ class SqlSource(Source):
 
     def schema(self) -> pa.Schema:
         return self._schema
-
-    @property
-    def last_sql(self) -> str | None:
-        """The statement text of the last scan (with placeholders), compiled when asked
-        rather than on every scan."""
-        if self._last_stmt is None:
-            return None
-        return str(self._last_stmt.compile(self.conn.engine))
 
     # ----------------------------------------------------------------- translation
 
@@ -288,7 +279,6 @@ class SqlSource(Source):
         stmt, local, selected, params = self.plan(request)
         cols = list(request.columns) if request.columns is not None else self._schema.names
         schema = pa.schema([self._schema.field(c) for c in selected])
-        self._last_stmt = stmt
         batches = self.conn.stream(self, stmt, schema, request)
         if local:
             batches = apply_locally(batches, local, params, request.limit, cols)
@@ -762,6 +752,8 @@ class SqlConnection(Connection):
             with self.engine.connect() as c:
                 self._set_timeout(c, request.timeout)
                 result = c.execution_options(stream_results=True, yield_per=size).execute(stmt)
+                # the text the driver was sent (placeholders; compiled once, SQLAlchemy's cache)
+                request.metrics.statement = result.context.statement
                 single = [i for i in sql_drivers.single_floats(result) if i < len(types)]
                 for rows in sql_drivers.partitions(result, size):
                     arrays = _arrays(rows, types, rowtype)

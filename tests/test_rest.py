@@ -181,7 +181,11 @@ def test_transient_503_is_retried_and_counted(api: MerchantsAPI) -> None:
     )
     rows = sum(b.num_rows for b in src.scan(req))
     assert rows == 40
-    assert req.metrics["retries"] == 2 and req.metrics["statuses"] == {"200": 1, "502": 1, "503": 1}
+    assert req.metrics.retries == 2 and req.metrics.as_dict()["statuses"] == {
+        "200": 1,
+        "502": 1,
+        "503": 1,
+    }
 
 
 def test_429_retry_after_is_honoured(api: MerchantsAPI) -> None:
@@ -194,7 +198,7 @@ def test_429_retry_after_is_honoured(api: MerchantsAPI) -> None:
     assert sum(b.num_rows for b in src.scan(req)) == 40
     times = [t for t, _ in api.requests()[before:]]
     assert len(times) == 2 and times[1] - times[0] >= 0.59  # measured at the server
-    assert req.metrics["backoff_wait_ms"] >= 600
+    assert req.metrics.as_dict()["backoff_wait_ms"] >= 600
 
 
 def test_retries_exhausted_is_a_retriable_source_error(api: MerchantsAPI) -> None:

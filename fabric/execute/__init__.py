@@ -519,9 +519,12 @@ class _Run:
         if ray_info is not None:
             with self._lock:
                 self.sources[alias]["ray"] = ray_info
-        if request.metrics:  # what the scan cost at the source (REST: requests, retries, waits)
+        # what this scan cost and found at the source (connectors.base.ScanMetrics): its
+        # statement, requests, retries and waits, records and bad records, files read
+        measured = request.metrics.as_dict()
+        if measured:
             with self._lock:
-                self.sources[alias]["source"] = dict(request.metrics)
+                self.sources[alias]["source"] = measured
         return table
 
     def _source_stats(
@@ -990,13 +993,7 @@ class _Run:
                     parts.append(f"dynamic {d['filter']}: {d['keys']} keys {how}")
                 if src.get("skipped"):
                     parts.append("scan skipped (no keys)")
-                m = src.get("source")
-                if m:  # requests, retries and rate-limit waits of a REST (or limited) source
-                    parts.append(
-                        f"requests={m.get('requests', 0)} retries={m.get('retries', 0)}"
-                        f" throttled={m.get('throttle_wait_ms', 0):.1f}ms"
-                        f" backoff={m.get('backoff_wait_ms', 0):.1f}ms"
-                    )
+                parts.extend(_measured(src.get("source") or {}))
                 f = self.freshness.get(alias)
                 if f is not None:
                     parts.append(f"freshness={f['status']}")
@@ -1006,6 +1003,10 @@ class _Run:
         lines.append(self.pp.explain(annotate))
         for q in self.queries:
             lines.append(f"DuckDB: {q}")
+        for alias, src in self.sources.items():  # what each scan sent to its server
+            statement = (src.get("source") or {}).get("statement")
+            if statement is not None:
+                lines.append(f"Sent {alias} <- {src['uri']}: {statement}")
         for alias, info in self.infos.items():
             kind = "Ranking" if type(info).__name__ == "RankExplain" else "VectorSearch"
             lines.append(f"{kind} {alias}:")
@@ -1054,6 +1055,26 @@ def _typed(sql: str, typ: pa.DataType) -> str:
     """Cast to the plan's declared type (DuckDB's sum of BIGINT is a 128-bit decimal)."""
     name = _DUCK_TYPES.get(typ)
     return f"CAST({sql} AS {name})" if name else sql
+
+
+def _measured(m: Mapping[str, Any]) -> list[str]:
+    """A scan's ScanMetrics (``as_dict()``) on its line of explain(analyze=True)."""
+    parts = []
+    if "requests" in m:  # the connection's budget: REST pages, rate-limited scans
+        parts.append(
+            f"requests={m['requests']} retries={m.get('retries', 0)}"
+            f" throttled={m.get('throttle_wait_ms', 0):.1f}ms"
+            f" backoff={m.get('backoff_wait_ms', 0):.1f}ms"
+        )
+    if "records" in m:
+        parts.append(f"records={m['records']} bad_records={m.get('bad_records', 0)}")
+    if "files_read" in m:
+        parts.append(f"files={m['files_read']}/{m.get('files_total', '?')}")
+    if "row_groups_read" in m:
+        parts.append(f"row_groups={m['row_groups_read']}/{m.get('row_groups_total', '?')}")
+    if "cache" in m:
+        parts.append(f"cache={m['cache']}")
+    return parts
 
 
 def _kib(n: int) -> str:

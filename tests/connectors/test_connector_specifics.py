@@ -94,16 +94,16 @@ def test_s3_partition_and_row_group_pruning(lake: Any) -> None:
     src = lake.source("pruning/merchants/")
     assert "region" in src.schema().names
     f = (Binary("=", Column("region"), Param("r")), Binary("<", Column("id"), Literal(40, "int")))
+    req = ScanRequest(filters=f, params={"r": "eu"}, columns=("id", "region"))
     out = to_table(
-        src.scan(ScanRequest(filters=f, params={"r": "eu"}, columns=("id", "region"))),
-        pa.schema([src.schema().field("id"), src.schema().field("region")]),
+        src.scan(req), pa.schema([src.schema().field("id"), src.schema().field("region")])
     )
     want = [r["id"] for i, r in enumerate(data.rows()) if i % 3 == 0 and r["id"] < 40]
     assert sorted(out.column("id").to_pylist()) == want
-    st = src.last_scan
-    assert st["files_total"] == 3 and st["files_read"] == 1  # partition pruning
-    assert st["row_groups_read"] < st["row_groups_total"]  # statistics pruning (ids are sorted)
-    assert st["rows"] == len(want)
+    st = req.metrics  # the scan's own (connectors.base.ScanMetrics)
+    assert st.files_total == 3 and st.files_read == 1  # partition pruning
+    assert st.row_groups_read < st.row_groups_total  # statistics pruning (ids are sorted)
+    assert st.rows == len(want)
 
 
 def test_s3_statistics_exact_and_watermark(lake: Any) -> None:
@@ -172,9 +172,10 @@ def test_kafka_latest_by_time_range_and_bad_messages(
     }
     src = KafkaConnection("bus", opts).source(topic)
 
-    all_rows = to_table(src.scan(ScanRequest()), src.schema())
+    req = ScanRequest()
+    all_rows = to_table(src.scan(req), src.schema())
     assert all_rows.num_rows == 90
-    assert src.last_scan["bad_messages"] == 3 and len(src.errors) == 3
+    assert req.metrics.bad_records == 3 and len(req.metrics.bad_samples) == 3
 
     # latest location of user 1: its newest message (i = 88)
     latest = to_table(
@@ -226,12 +227,10 @@ def test_kafka_filter_applied_on_every_batch_is_exact(kafka_bootstrap: str, new_
     )
     f = InList(Column("user_id"), Param("ids"))
     assert src.supports_filter(f) is Pushdown.EXACT
-    out = to_table(
-        src.scan(ScanRequest(filters=(f,), params={"ids": [1, 250, 499, 1000]}, batch_size=50)),
-        src.schema(),
-    )
+    req = ScanRequest(filters=(f,), params={"ids": [1, 250, 499, 1000]}, batch_size=50)
+    out = to_table(src.scan(req), src.schema())
     assert sorted(out.column("user_id").to_pylist()) == [1, 250, 499]
-    assert src.last_scan["messages"] == 500
+    assert req.metrics.records == 500
 
 
 # ------------------------------------------------------------------------------ Mongo and SQL
@@ -247,17 +246,12 @@ def test_mongo_operator_objects_are_values(mongo_db: Any, mongo_url: str) -> Non
     conn = MongoConnection("crm", {"url": mongo_url, "database": mongo_db.name})
     src = conn.source("ops")
     for hostile in ({"$ne": None}, {"$where": "sleep(1000)"}, {"$gt": ""}):
-        out = to_table(
-            src.scan(
-                ScanRequest(
-                    filters=(Binary("=", Column("tag"), Param("v")),), params={"v": hostile}
-                )
-            ),
-            src.schema(),
-        )
+        req = ScanRequest(filters=(Binary("=", Column("tag"), Param("v")),), params={"v": hostile})
+        out = to_table(src.scan(req), src.schema())
         expected = [3] if hostile == {"$ne": None} else []  # only the row holding that exact text
         assert out.column("k").to_pylist() == expected
-        assert src.last_filter == {"tag": json.dumps(hostile, sort_keys=True)}  # a plain string
+        sent = json.loads(req.metrics.statement)  # the filter this scan sent
+        assert sent == {"tag": json.dumps(hostile, sort_keys=True)}  # a plain string
     assert mongo_db.ops.count_documents({}) == 3
 
 
@@ -272,14 +266,12 @@ def test_sql_values_never_reach_the_statement_text(mariadb_url: str) -> None:
         c.exec_driver_sql("REPLACE INTO x VALUES (1, 'a'), (2, 'b')")
     src = SqlConnection("shop", {"kind": "mysql", "url": mariadb_url}).source("x")
     hostile = "'; DROP TABLE x; --"
-    out = to_table(
-        src.scan(
-            ScanRequest(filters=(InList(Column("name"), Param("v")),), params={"v": [hostile, "a"]})
-        ),
-        src.schema(),
-    )
+    req = ScanRequest(filters=(InList(Column("name"), Param("v")),), params={"v": [hostile, "a"]})
+    out = to_table(src.scan(req), src.schema())
     assert out.column("id").to_pylist() == [1]
-    assert hostile not in src.last_sql and "DROP" not in src.last_sql
+    sent = req.metrics.statement  # the text the driver was sent
+    assert sent is not None and "name IN" in sent
+    assert hostile not in sent and "DROP" not in sent
     with engine.connect() as c:
         assert c.exec_driver_sql("SELECT COUNT(*) FROM x").scalar() == 2
     engine.dispose()
@@ -358,9 +350,10 @@ def test_config_style_options_and_declared_arrow_schema(
     declared = pa.schema([("n", pa.int64()), ("s", pa.string())])
     src = conn.source("typed", {"schema": declared})
     assert src.schema() == declared
-    out = to_table(src.scan(ScanRequest()), declared)
+    req = ScanRequest()
+    out = to_table(src.scan(req), declared)
     assert out.to_pylist() == [{"n": 1, "s": "a"}, {"n": None, "s": "b"}]  # wrong type -> null
-    assert src.last_stats["bad_values"] == 1
+    assert req.metrics.bad_records == 1 and req.metrics.records == 2
 
     with s3.fs.open_output_stream(s3.path("pre/fix/cats.csv")) as f:
         f.write(b"id,name\n1,food\n2,toys\n")
@@ -402,12 +395,10 @@ def test_json_lines_files_with_nested_values(tmp_path: Any) -> None:
     assert src.format == "json" and src.schema().field("id").type == pa.int64()
     f = Binary("=", Column("kind"), Param("k"))
     assert src.supports_filter(f) is Pushdown.EXACT
-    out = to_table(
-        src.scan(ScanRequest(filters=(f,), params={"k": "view"}, columns=("id",))),
-        pa.schema([("id", pa.int64())]),
-    )
+    req = ScanRequest(filters=(f,), params={"k": "view"}, columns=("id",))
+    out = to_table(src.scan(req), pa.schema([("id", pa.int64())]))
     assert sorted(out.column("id").to_pylist()) == list(range(1, 30, 2))
-    assert src.last_scan["files_read"] == 2 and src.last_scan["rows"] == 15
+    assert req.metrics.files_read == 2 and req.metrics.rows == 15
 
 
 def test_kafka_time_range_on_an_event_time_field(kafka_bootstrap: str, new_topic: Any) -> None:
@@ -483,12 +474,10 @@ def test_filters_reaching_scan_unoffered_are_applied_by_the_connector(
     )  # a*(10-a) > 20: a in 3..7
     assert msrc.supports_filter(g) is Pushdown.UNSUPPORTED
     both = (g, Binary(">=", Column("a"), Literal(5, "int")))
-    out = to_table(
-        msrc.scan(ScanRequest(columns=("a",), filters=both, limit=2)),
-        pa.schema([("a", pa.int64())]),
-    )
+    req = ScanRequest(columns=("a",), filters=both, limit=2)
+    out = to_table(msrc.scan(req), pa.schema([("a", pa.int64())]))
     assert out.column("a").to_pylist() == [5, 6]
-    assert msrc.last_filter == {"a": {"$gte": 5}}
+    assert json.loads(req.metrics.statement) == {"a": {"$gte": 5}}
 
 
 def test_zoneless_file_timestamps_read_as_utc_and_filterable(tmp_path: Any) -> None:

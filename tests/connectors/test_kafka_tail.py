@@ -9,12 +9,13 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from connectors.base import ScanRequest, SourceError
+from connectors.base import ScanMetrics, ScanRequest, SourceError
 from dsl.ast import Binary, Column, Literal, Param
 
 SCHEMA = {"user_id": "int", "seq": "int", "lat": "float"}
@@ -67,9 +68,31 @@ def rows(n: int, start: int = 0, users: int = 7) -> list[dict[str, Any] | bytes 
     return [{"user_id": i % users, "seq": i, "lat": float(i)} for i in range(start, start + n)]
 
 
+_LAST: dict[int, dict[str, Any]] = {}  # id(source) -> its latest scan's metrics (this test's)
+
+
+def scanned(
+    src: Any, req: ScanRequest | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(rows, the scan's own metrics as res.stats reports them)."""
+    req = replace(req or ScanRequest(), metrics=ScanMetrics())
+    out = pa.Table.from_batches(list(src.scan(req))).to_pylist()
+    return sorted(out, key=lambda r: (r["seq"], r.get("user_id"))), req.metrics.as_dict()
+
+
 def scan(src: Any, req: ScanRequest | None = None) -> list[dict[str, Any]]:
-    out = pa.Table.from_batches(list(src.scan(req or ScanRequest()))).to_pylist()
-    return sorted(out, key=lambda r: (r["seq"], r.get("user_id")))
+    out, _LAST[id(src)] = scanned(src, req)
+    return out
+
+
+def last(src: Any) -> dict[str, Any]:
+    return _LAST[id(src)]
+
+
+def bad(src: Any) -> list[tuple[int, int, str]]:
+    return sorted(
+        (b["partition"], b["offset"], b["reason"]) for b in last(src).get("bad_samples", [])
+    )
 
 
 @pytest.fixture(params=["noida", "tansu"])
@@ -101,9 +124,9 @@ def pair(bootstrap: str, topic: str, **options: Any) -> tuple[Any, Any]:
 
 def same(cached: Any, fresh: Any, req: ScanRequest | None = None) -> list[dict[str, Any]]:
     a, b = scan(cached, req), scan(fresh, req)
-    assert a == b, (cached.last_scan, fresh.last_scan)
-    assert cached.last_scan["bad_messages"] == fresh.last_scan["bad_messages"]
-    assert sorted(cached.errors) == sorted(fresh.errors)
+    assert a == b, (last(cached), last(fresh))
+    assert last(cached)["bad_records"] == last(fresh)["bad_records"]
+    assert bad(cached) == bad(fresh)
     return a
 
 
@@ -119,21 +142,21 @@ def test_repeated_scans_match_a_fresh_scan_as_the_topic_grows(broker: Any) -> No
     cached, fresh = pair(bootstrap, topic, **opts)
 
     assert len(same(cached, fresh)) == 150
-    assert cached.last_scan["cache"] == "caught up" and cached.last_scan["cache_read"] == 150
-    assert fresh.last_scan["cache"].startswith("off")
+    assert last(cached)["cache"] == "caught up" and last(cached)["cache_read"] == 150
+    assert last(fresh)["cache"].startswith("off")
     assert same(cached, fresh, LATEST_U3) == [{"user_id": 3, "seq": 143, "lat": 143.0}]
-    assert cached.last_scan["cache"] == "hit"  # nothing new: no message was read again
+    assert last(cached)["cache"] == "hit"  # nothing new: no message was read again
 
     produce(bootstrap, topic, rows(20, start=150))
     assert same(cached, fresh, LATEST_U3) == [{"user_id": 3, "seq": 164, "lat": 164.0}]
-    assert cached.last_scan["cache_read"] == 20  # only the new messages were decoded
+    assert last(cached)["cache_read"] == 20  # only the new messages were decoded
     assert len(same(cached, fresh)) == 170
 
     # bad messages and tombstones between good ones: skipped and reported the same way
     produce(bootstrap, topic, [b"{broken", None, b'{"user_id": "x"}', *rows(5, start=170)])
     assert len(same(cached, fresh)) == 175
-    assert cached.last_scan["bad_messages"] == 3
-    assert cached.last_scan["messages"] == fresh.last_scan["messages"] == 178
+    assert last(cached)["bad_records"] == 3
+    assert last(cached)["records"] == last(fresh)["records"] == 178
 
     # projection, limit, filter and time range are applied to the cached data
     some = ScanRequest(
@@ -178,7 +201,7 @@ def test_deleted_records_and_added_partitions(kafka_bootstrap: str, new_topic: A
     low = admin.delete_records([TopicPartition(topic, 0, 25)])
     assert next(iter(low.values())).result(10).low_watermark == 25
     assert [r["seq"] for r in same(cached, fresh)] == list(range(25, 40))
-    assert cached.last_scan["cache_resets"] == 0 and cached.last_scan["cache_read"] == 0
+    assert last(cached)["cache_resets"] == 0 and last(cached)["cache_read"] == 0
 
     admin.create_partitions([NewPartitions(topic, 3)])[topic].result(10)
     deadline = time.monotonic() + 10
@@ -189,7 +212,7 @@ def test_deleted_records_and_added_partitions(kafka_bootstrap: str, new_topic: A
     fresh_now = pair(kafka_bootstrap, topic)[1]  # an uncached source opened after the change
     got = [r["seq"] for r in same(cached, fresh_now)]
     assert got == list(range(25, 46))
-    assert cached.last_scan["partitions"] == 3
+    assert last(cached)["partitions"] == 3
 
 
 def test_topic_recreated_with_fewer_messages_resets_the_cache(broker: Any) -> None:
@@ -217,7 +240,7 @@ def test_topic_recreated_with_fewer_messages_resets_the_cache(broker: Any) -> No
     fresh = pair(bootstrap, topic, **opts)[1]
     got = [r["seq"] for r in scan(cached)]
     assert got == [r["seq"] for r in scan(fresh)] == [500, 501, 502, 503]
-    assert cached.last_scan["cache_resets"] >= 1
+    assert last(cached)["cache_resets"] >= 1
 
 
 def test_a_deleted_topic_is_a_source_error_naming_it(kafka_bootstrap: str, new_topic: Any) -> None:
@@ -253,7 +276,7 @@ def test_a_broker_error_keeps_the_cache_for_the_next_try(
     assert "hint:" in str(err.value)
     conn._admin = good  # reachable again: the cache answers without re-reading anything
     assert len(scan(cached)) == 50
-    assert cached.last_scan["cache"] == "hit"
+    assert last(cached)["cache"] == "hit"
 
 
 def test_over_the_bounds_the_scan_streams_and_says_so(broker: Any) -> None:
@@ -262,12 +285,12 @@ def test_over_the_bounds_the_scan_streams_and_says_so(broker: Any) -> None:
     produce(bootstrap, topic, rows(120))
     by_count, fresh = pair(bootstrap, topic, cache_max_messages=100, **opts)
     assert len(same(by_count, fresh)) == 120
-    assert by_count.last_scan["cache"].startswith("off (") and "cache_max_messages" in str(
-        by_count.last_scan["cache"]
+    assert last(by_count)["cache"].startswith("off (") and "cache_max_messages" in str(
+        last(by_count)["cache"]
     )
     by_bytes, _ = pair(bootstrap, topic, cache_max_bytes=2000, **opts)
     assert same(by_bytes, fresh, LATEST_U3) == [{"user_id": 3, "seq": 115, "lat": 115.0}]
-    assert "cache_max_bytes" in by_bytes.last_scan["cache"]
+    assert "cache_max_bytes" in last(by_bytes)["cache"]
     assert by_bytes.conn._tails[next(iter(by_bytes.conn._tails))].rows == 0  # dropped
 
 
@@ -285,7 +308,7 @@ def test_a_compacted_topic_is_not_cached(kafka_bootstrap: str, test_run_id: str)
         produce(kafka_bootstrap, topic, rows(12))
         cached, fresh = pair(kafka_bootstrap, topic)
         assert same(cached, fresh, LATEST_U3) == [{"user_id": 3, "seq": 10, "lat": 10.0}]
-        assert cached.last_scan["cache"].startswith("off (cleanup.policy=compact")
+        assert last(cached)["cache"].startswith("off (cleanup.policy=compact")
     finally:
         admin.delete_topics([topic])[topic].result(30)
 
@@ -305,7 +328,7 @@ def test_watermark_uses_the_tail_and_close_stops_it(kafka_bootstrap: str, new_to
     cached.conn.close()
     assert tail.consumer is None and tail.closed
     assert len(scan(cached)) == 11  # still answers after close, uncached
-    assert cached.last_scan["cache"].startswith("off")
+    assert last(cached)["cache"].startswith("off")
 
 
 def test_concurrent_scans_while_producing_are_exact(kafka_bootstrap: str, new_topic: Any) -> None:
@@ -327,10 +350,10 @@ def test_concurrent_scans_while_producing_are_exact(kafka_bootstrap: str, new_to
         src = conn.source(topic)
         try:
             while not stop.is_set():
-                got = scan(src)
-                seen.append((dict(src.last_scan["end_offsets"]), [r["seq"] for r in got], None))
-                latest = scan(src, ScanRequest(latest_by=("user_id",)))
-                seen.append((dict(src.last_scan["end_offsets"]), None, latest))
+                got, m = scanned(src)
+                seen.append((dict(m["end_offsets"]), [r["seq"] for r in got], None))
+                latest, m = scanned(src, ScanRequest(latest_by=("user_id",)))
+                seen.append((dict(m["end_offsets"]), None, latest))
         except BaseException as exc:  # reported below
             errors.append(exc)
 
