@@ -1,9 +1,11 @@
-"""The ``fabric`` command: validate, explain, query, serve, demo.
+"""The ``fabric`` command: validate, explain, query, load, materialize, init, serve, demo.
 
 fabric validate [PATH ...] [--config fabric.yaml] [--offline]
 fabric explain NAME [--session k=v ...] [--analyze] [--logical] [--config fabric.yaml]
 fabric query NAME [--session k=v ...] [--format table|json] [--catch-up S] [--config fabric.yaml]
 fabric query --text "from mysql://shop/merchants as m select m.name limit 5"
+fabric load DATASET FILE|URI [--vectors COL=F.npy] [--ignore-extra]   (fabric.load)
+fabric materialize DATASET [--binding NAME --session k=v]
 
 ``query`` and ``explain --analyze`` read Kafka-fed datasets as the broker has them now: they
 ingest from the last checkpoint to the broker's end (up to ``--catch-up`` seconds, default
@@ -551,8 +553,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     pq.write_table(products, root / "data" / "products.parquet")
     pacsv.write_csv(orders, root / "data" / "orders.csv")
     (root / "fabric.yaml").write_text(
-        "# written by `fabric init`: a directory of files as the only source\n"
-        "# (root is relative to this file: the directory can be moved)\n"
+        "# written by `fabric init`: a directory of files (root: relative to this file)\n"
         "connections:\n"
         "  local: {kind: file, root: data}\n"
         "bindings: [agents/]\n"
@@ -562,6 +563,180 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"wrote {root}/: fabric.yaml, agents/top_products.yaml, data/ (2 files), README.md")
     print(f"next: cd {root} && fabric query top_products --session min_qty=2")
     return 0
+
+
+def _dataset_decl(fab: Any, name: str) -> Any:
+    """The manager's declaration of dataset ``name`` (unknown: the LookupError naming the
+    declared ones)."""
+    if fab.service is None:
+        raise LookupError("this fabric was opened offline: no datasets are materialized")
+    fab.dataset(name)
+    return fab.service.manager.decls[name]
+
+
+def _declared_at(fab: Any, name: str) -> Any:
+    cfg = fab.config.datasets.get(name)
+    span = getattr(cfg, "span", None)
+    if span is None:
+        return None
+    import dataclasses
+
+    return dataclasses.replace(span, file=_shown(span.file))
+
+
+def _fill(args: argparse.Namespace, fab: Any, name: str, table: Any, origin: Any) -> int:
+    """Check ``table`` against dataset ``name``'s schema, upsert it with a progress bar and
+    checkpoint it; nothing is kept unless every row converts and the checkpoint is written."""
+    from fabric import load
+    from fabric.progress import Progress
+
+    decl = fab.service.manager.decls[name]
+    table = load.conform(
+        table,
+        decl.schema,
+        dataset=name,
+        origin=origin,
+        key=decl.key,
+        optional={e.into for e in decl.embed},
+        ignore_extra=args.ignore_extra,
+        declared_at=_declared_at(fab, name),
+    )
+    mgr = fab.service.manager
+    ds = fab.dataset(name)
+    total = table.num_rows
+    done = 0
+
+    def report(n: int) -> None:
+        nonlocal done
+        done = n
+        step.update(n)
+
+    try:
+        with Progress(sys.stderr).step(f"loading {name} from {origin.name}", total) as step:
+            load.write(ds, table, report, args.batch_rows)
+        ck = mgr.save(name, {"loaded_from": origin.name, "rows": total})
+    except BaseException as e:
+        mgr.forget_changes(name)
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            print(f"fabric load: interrupted after {done:,} of {total:,} rows", file=sys.stderr)
+            raise
+        print(
+            f"fabric load: {e}\n  {done:,} of {total:,} rows had been written when it failed; "
+            f"nothing was saved: dataset {name} is as it was before",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"loaded {total:,} rows into dataset {name} from {origin.name}: "
+        f"{ds.count():,} rows now, checkpoint {_shown(str(ck.path))}"
+    )
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from fabric import load
+
+    with _open(args) as fab:
+        name = args.dataset
+        decl = _dataset_decl(fab, name)
+        if decl.from_uri:
+            how = (
+                "it is fed continuously from there"
+                if decl.kafka_feed()
+                else "it is refreshed from there"
+            )
+            raise SystemExit(
+                f"fabric load: dataset {name} has from: {decl.from_uri} and {how}; "
+                f"`fabric materialize {name}` fills it from its source (load takes a "
+                "dataset declared without from:)"
+            )
+        optional = {e.into for e in decl.embed}
+        if "://" in args.source:
+            if args.vectors:
+                raise SystemExit("fabric load: --vectors goes with a file, not a source URI")
+            table = load.read_source(fab, args.source, decl.schema, optional)
+            origin = load.Origin(args.source, "source")
+        else:
+            table, origin = load.read_file(
+                Path(args.source), decl.schema, fmt=args.format, shown=args.source
+            )
+            vectors = {}
+            for item in args.vectors or []:
+                col, sep, path = item.partition("=")
+                if not sep or not path.endswith(".npy"):
+                    raise SystemExit(f"fabric load: --vectors takes COLUMN=FILE.npy, got {item!r}")
+                vectors[col] = Path(path)
+            table = load.add_vectors(table, vectors, origin)
+        return _fill(args, fab, name, table, origin)
+
+
+def cmd_materialize(args: argparse.Namespace) -> int:
+    import fabric
+    from fabric import load
+    from fabric.progress import Progress
+
+    path = _config_path(args.config)
+    if path is None:
+        return _open(args).close() or 1  # the "no fabric.yaml" diagnostic
+    name = args.dataset
+    from fabric.config import load_config
+
+    config = load_config(path)
+    d = config.datasets.get(name)
+    kafka = d is not None and (d.from_uri or "").startswith("kafka://")
+    with fabric.open(config, ingest=kafka and not args.binding, watch=False) as fab:
+        decl = _dataset_decl(fab, name)
+        mgr = fab.service.manager
+        if args.binding:
+            if decl.from_uri:
+                raise SystemExit(
+                    f"fabric materialize: dataset {name} has from: {decl.from_uri}; a "
+                    "binding's rows go into a dataset declared without from:"
+                )
+            compiled = fab.binding(args.binding)
+            res = fab.query(args.binding, _session(args, compiled))
+            _print_freshness(res)
+            return _fill(
+                args, fab, name, res.table, load.Origin(f"binding {args.binding}", "source")
+            )
+        if not decl.from_uri:
+            raise SystemExit(
+                f"fabric materialize: dataset {name} has no from:; fill it with "
+                f"`fabric load {name} FILE` or `fabric materialize {name} --binding NAME`"
+            )
+        ds = fab.dataset(name)
+        if not kafka:
+            with Progress(sys.stderr).step(f"refreshing {name} from {decl.from_uri}"):
+                info = fab.refresh(name)
+            print(
+                f"refreshed dataset {name} from {decl.from_uri}: {info['rows_read']:,} rows "
+                f"read, {info['deleted']:,} deleted, {ds.count():,} rows now "
+                f"({info['mode']}, {info['seconds']:g} s)"
+            )
+            return 0
+        import time
+
+        ing = mgr.ingestors.get(name)
+        start = mgr.broker_lag(name).get("lag_messages") or 0
+        deadline = time.monotonic() + fab.catch_up_timeout(args.catch_up)
+        caught = False
+        with Progress(sys.stderr).step(
+            f"catching up {name} with {decl.from_uri}", start or None
+        ) as step:
+            while time.monotonic() < deadline:
+                if ing is None or ing.wait_caught_up(min(0.25, deadline - time.monotonic())):
+                    caught = True
+                    break
+                lag = ing.lag_messages
+                if lag is not None and start:
+                    step.update(max(0, start - lag))
+        lag = ing.lag_messages if ing is not None else None
+        state = "caught up with" if caught else "not caught up with"
+        print(
+            f"dataset {name} {state} {decl.from_uri}: {ds.count():,} rows"
+            + (f", lag {lag:,} messages" if lag is not None else "")
+        )
+        return 0 if caught else 1
 
 
 def cmd_delegate(module: str, argv: list[str]) -> int:
@@ -601,6 +776,7 @@ _EXAMPLES = {
   fabric validate                               check fabric.yaml and every binding
   fabric query top_products --session min_qty=2
   fabric explain top_products --session min_qty=2 --analyze
+  fabric load stock stock.csv                   fill a dataset from a file or a source
 
 `fabric COMMAND --help` shows each command's options and examples; --debug before the
 command shows the Python traceback of an unexpected error.""",
@@ -623,6 +799,20 @@ command shows the Python traceback of an unexpected error.""",
 
 --session k=v takes the session type's text form, JSON ('k=[1, 2]') or @file (a .npy or
 .json file: a 384-d vector, a list).""",
+    "load": """examples:
+  fabric load orders data/orders.parquet          a Parquet file into dataset orders
+  fabric load orders data/orders.csv --ignore-extra    skip columns the schema lacks
+  fabric load news news.jsonl --vectors embedding=emb.npy   vectors from a .npy matrix
+  fabric load merchants mysql://shop/merchants    every row of a source
+
+The dataset is one declared in fabric.yaml without from:. Every row is checked against
+its schema before anything is written (a missing or unknown column, a value that does not
+convert: file:line:col, the column and the declaration); the rows are then upserted by the
+key and checkpointed, so a failure leaves the dataset as it was.""",
+    "materialize": """examples:
+  fabric materialize merchants         refresh a dataset with from: a table, file or collection
+  fabric materialize news              catch a Kafka-fed dataset up with its topic
+  fabric materialize top --binding top_products --session min_qty=2   a binding's rows""",
     "init": """examples:
   fabric init myfabric          writes myfabric/fabric.yaml, agents/, data/ and a README
   cd myfabric && fabric query top_products --session min_qty=2""",
@@ -712,6 +902,33 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("dir", help="the directory to write (created if missing)")
     i.add_argument("--force", action="store_true", help="overwrite an existing fabric.yaml")
     i.set_defaults(fn=cmd_init)
+
+    ld = _sub(sub, "load", "fill a dataset from a file (Parquet, CSV, JSON lines) or a source")
+    ld.add_argument("dataset", help="a dataset of fabric.yaml declared without from:")
+    ld.add_argument("source", help="a file, or a source URI (mysql://shop/merchants)")
+    ld.add_argument("--format", choices=("parquet", "csv", "jsonl"), help="default: the extension")
+    ld.add_argument(
+        "--vectors",
+        action="append",
+        metavar="COL=FILE.npy",
+        help="a vector column from a .npy matrix, one row per row of the file (repeatable)",
+    )
+    ld.add_argument(
+        "--ignore-extra", action="store_true", help="skip columns the dataset's schema lacks"
+    )
+    ld.add_argument("--batch-rows", type=int, default=10_000, help=argparse.SUPPRESS)
+    ld.add_argument("--config")
+    ld.set_defaults(fn=cmd_load)
+
+    mt = _sub(sub, "materialize", "fill a dataset from its from: source, or from a binding")
+    mt.add_argument("dataset")
+    mt.add_argument("--binding", help="upsert this binding's rows (dataset without from:)")
+    mt.add_argument("--session", action="append", metavar="K=V")
+    mt.add_argument("--ignore-extra", action="store_true", help="skip columns the schema lacks")
+    mt.add_argument("--batch-rows", type=int, default=10_000, help=argparse.SUPPRESS)
+    mt.add_argument("--catch-up", type=float, metavar="S", help=_CATCH_UP)
+    mt.add_argument("--config")
+    mt.set_defaults(fn=cmd_materialize)
 
     sub.add_parser(
         "serve", help="serve freshness signals and metrics (fabric.server)", add_help=False

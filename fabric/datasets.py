@@ -393,6 +393,11 @@ class DatasetManager:
             if self.decls[n].from_uri is None and ds.version != self._saved_version.get(n)
         ]
 
+    def forget_changes(self, name: str) -> None:
+        """Rows written to dataset ``name`` since its last checkpoint are not persisted
+        (a ``fabric load`` that failed part way: the checkpoint stays as it was)."""
+        self._saved_version[name] = self.dataset(name).version
+
     def persist(self) -> list[str]:
         """Checkpoint every dirty upserted dataset this process may write; returns them."""
         done = []

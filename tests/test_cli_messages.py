@@ -43,7 +43,7 @@ def tree(tmp_path_factory):
         )
     )
     config = root / "bad" / "fabric.yaml"
-    text = re.sub(r'root: "[^"]*"', 'root: "${NO_SUCH_VARIABLE_X}"', config.read_text())
+    text = re.sub(r'root: ("[^"]*"|[^,}\s]+)', 'root: "${NO_SUCH_VARIABLE_X}"', config.read_text())
     config.write_text(text)
     return root
 
