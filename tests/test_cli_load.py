@@ -291,3 +291,19 @@ def test_progress_is_rich_on_a_terminal_and_plain_in_a_pipe(here):
     text = b"".join(chunks).decode(errors="replace")
     assert "\x1b[" in text and f"/{N}" in text  # rich's bar with its count of rows
     assert "... loading" not in text
+
+
+def test_a_failed_checkpoint_keeps_nothing(here, capsys):
+    """Another process holds the dataset's state directory (fabric serve): the rows are
+    written in memory, the checkpoint is refused, and nothing is saved."""
+    pq.write_table(orders(10), here / "o.parquet")
+    assert main(["load", "orders", "o.parquet"]) == 0
+    pq.write_table(orders(), here / "more.parquet")
+    with fabric.open(here / "fabric.yaml", ingest=False, watch=False) as holder:
+        holder.service.manager.save("orders")  # takes the state directory's lock
+        capsys.readouterr()
+        assert main(["load", "orders", "more.parquet", "--batch-rows", "500"]) == 1
+        err = capsys.readouterr().err
+        assert "another process holds" in err
+        assert f"{N:,} of {N:,} rows had been written when it failed; nothing was saved" in err
+    assert table_of(here / "fabric.yaml", "orders", ["id"]).num_rows == 10
