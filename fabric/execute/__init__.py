@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from connectors._util import BadValueError
 from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
 from connectors.base import ScanRequest, SourceError
-from dsl.ast import Binary, Column, Expr, InList, Param
+from dsl.ast import Binary, Column, Expr, InList, Param, Star
 from fabric import functions
 from fabric.execute import freshness as _fresh
 from fabric.execute import stages as _stages
@@ -209,6 +209,8 @@ class _Run:
         self.queries: list[str] = []  # DuckDB statements run (placeholders only, no values)
         self.futures: dict[str, cf.Future[pa.Table]] = {}
         self.done: dict[str, pa.Table] = {}  # units run inline on the caller's thread
+        self.lazy: set[str] = set()  # ready units to run inline when first waited for
+        self.ran_inline: set[str] = set()  # those of them that ran (explain analyze says so)
         self.waited = 0.0
         self.waits: dict[str, tuple[float, float]] = {}  # alias -> freshness wait (perf_counter)
         self._dep_wait: dict[str, float] = {}  # seconds a unit waited for dynamic-filter keys
@@ -272,17 +274,40 @@ class _Run:
 
     def _run_stages(self, root: StagesFirst) -> pa.Table:
         """The stages first, in order, then the plan: a source unit starts as soon as the
-        stages its filters use are done (the others start at once)."""
+        stages its filters use are done (the others start at once). A unit that becomes
+        ready alone, with nothing running on the pool, over an in-process source, and that
+        no unit takes keys from, runs on the caller's thread when it is first needed (a
+        pool handoff there only adds a thread switch: 29 ms a query at load 20 for the
+        two-hop binding of benchmarks/rag.py); one becoming ready beside another goes to
+        the pool with it."""
         done: set[str] = set()
+        providers = {d for u in self.units.values() for d in u.deps}
 
         def start_ready() -> None:
-            for alias in self.pp.order:
-                unit = self.units[alias]
+            while True:  # a unit scheduled makes the units taking its keys ready
+                ready = [
+                    alias
+                    for alias in self.pp.order
+                    if alias not in self.futures
+                    and alias not in self.lazy
+                    and alias not in self.done
+                    and self.units[alias].requires <= done
+                    and all(d in self.futures for d in self.units[alias].deps)
+                ]
+                if not ready:
+                    return
                 if (
-                    alias not in self.futures
-                    and unit.requires <= done
-                    and all(d in self.futures for d in unit.deps)
+                    len(ready) == 1
+                    and not self.lazy
+                    and not self.units[ready[0]].deps
+                    and ready[0] not in providers
+                    and not any(not f.done() for f in self.futures.values())
+                    and self._in_process(ready[0])
                 ):
+                    self.lazy.add(ready[0])
+                    return
+                for alias in (*sorted(self.lazy), *ready):
+                    self.lazy.discard(alias)
                     self._schedule(alias)
 
         start_ready()
@@ -344,10 +369,18 @@ class _Run:
         for d in deps:
             d.add_done_callback(dep_done)
 
+    def _in_process(self, alias: str) -> bool:
+        return _planner._in_process(self.catalog, self.units[alias].leaf.uri)
+
     def _wait(self, alias: str) -> pa.Table:
         table = self.done.get(alias)
         if table is not None:
             return table
+        if alias in self.lazy:  # a lone ready unit (see _run_stages): run it here, now
+            self.lazy.discard(alias)
+            self.ran_inline.add(alias)
+            self._run_inline(alias)
+            return self.done[alias]
         fut = self.futures[alias]
         try:
             return fut.result(timeout=max(0.0, self.deadline - time.monotonic()))
@@ -739,11 +772,75 @@ class _Run:
                 return table.take(idx)
             if isinstance(node, Limit):
                 return table.slice(node.offset, node.n)
-        except pa.ArrowNotImplementedError:
+            if isinstance(node, Aggregate):
+                return self._aggregate(node, table, res, exprmap)
+        except (pa.ArrowNotImplementedError, _NotInArrow):
             # a kernel pyarrow lacks for these types (e.g. sorting a struct column): known
             # only from the data, so decided here
             return self._sql_over(node, table)
         raise QueryError(self.binding, f"cannot execute plan node {type(node).__name__}")
+
+    def _aggregate(
+        self, node: Aggregate, table: pa.Table, res: Any, exprmap: dict[Expr, str]
+    ) -> pa.Table:
+        """count / count_distinct / min / max per group with pyarrow's hash aggregation
+        (the planner sends no other aggregate here: ``PYARROW_AGGREGATES``). DuckDB's
+        answer, typed as the plan declares; a case where the two differ (a NaN under
+        min / max, a value that is not a column) goes to DuckDB."""
+        cols: dict[str, Any] = {}
+        keys = []
+        for i, (_, e, _) in enumerate(node.group_by):
+            keys.append(f"__g{i}")
+            cols[keys[-1]] = self._values(e, table, res, exprmap)
+        aggs: list[tuple[Any, str]] = []
+        for j, (_, call, _) in enumerate(node.aggregates):
+            if call.name == "count" and (not call.args or isinstance(call.args[0], Star)):
+                aggs.append(([], "count_all"))
+                continue
+            name = f"__a{j}"
+            v = cols[name] = self._values(call.args[0], table, res, exprmap)
+            if (
+                call.name in ("min", "max")
+                and isinstance(v, pa.ChunkedArray | pa.Array)
+                and pa.types.is_floating(v.type)
+                and pc.any(pc.is_nan(v)).as_py()
+            ):
+                raise _NotInArrow("NaN under min / max")  # DuckDB orders NaN above all
+            aggs.append((name, call.name))
+        if not all(isinstance(c, pa.ChunkedArray | pa.Array) for c in cols.values()):
+            raise _NotInArrow("a constant argument")
+        inp = pa.table(cols) if cols else pa.table({"__n": pa.nulls(table.num_rows)})
+        try:
+            out = inp.group_by(keys, use_threads=False).aggregate(aggs)
+        except pa.ArrowTypeError as e:  # no hash kernel for the type (a list, a struct)
+            raise _NotInArrow(str(e)) from e
+        got = [out.column(k) for k in keys]
+        got += [out.column(f"{a}_{fn}" if a else fn) for a, fn in aggs]
+        items = (*node.group_by, *node.aggregates)
+        return pa.table(
+            [_cast(c, t) for c, (_, _, t) in zip(got, items)], names=[n for n, _, _ in items]
+        )
+
+    def _plain_project(
+        self, node: Project, table: pa.Table, exprmap: dict[Expr, str]
+    ) -> pa.Table | None:
+        """A Project of plain columns of the declared types: select and rename (no
+        per-expression evaluation). The column positions are resolved once per plan and
+        input column names (``_PlanCache``); None: evaluate the items instead."""
+        names = table.schema.names
+        cache = _plan_cache(self.pp).projects
+        hit = cache.get(id(node))
+        if hit is None or hit[0] != names:
+            cols = None
+            if not exprmap and all(isinstance(e, Column) for _, e, _ in node.items):
+                res = self._resolver(node.input, table, exprmap)
+                cols = [names.index(res(e)) for _, e, _ in node.items]
+            out_names, types = [n for n, _, _ in node.items], [t for _, _, t in node.items]
+            hit = cache[id(node)] = (names, cols, out_names, types)
+        if hit[1] is None:
+            return None
+        out = table.select(hit[1]).rename_columns(hit[2])
+        return out if out.schema.types == hit[3] else None
 
     def _values(self, e: Expr, table: pa.Table, res: Any, exprmap: dict[Expr, str]) -> Any:
         return functions.evaluate(
@@ -993,6 +1090,8 @@ class _Run:
                     parts.append(f"dynamic {d['filter']}: {d['keys']} keys {how}")
                 if src.get("skipped"):
                     parts.append("scan skipped (no keys)")
+                if alias in self.ran_inline:
+                    parts.append("ran inline (ready alone)")
                 parts.extend(_measured(src.get("source") or {}))
                 f = self.freshness.get(alias)
                 if f is not None:
@@ -1034,6 +1133,10 @@ def _relay(out: cf.Future[Any], inner: cf.Future[Any]) -> None:
         out.set_exception(inner.exception())
     else:
         out.set_result(inner.result())
+
+
+class _NotInArrow(Exception):
+    """pyarrow would not give DuckDB's answer here: the node runs in DuckDB instead."""
 
 
 class _SourceFailed(Exception):

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from connectors.arrow_expr import NotTranslatable
 from dsl.ast import Exists, Expr
@@ -54,8 +55,8 @@ def bind(stage: str, table: pa.Table, names: set[str] | frozenset[str]) -> dict[
         s, what = parse_param(name)
         if s != stage:
             continue
-        if what == ":list":
-            out[name] = table.column(0).to_pylist()
+        if what == ":list":  # for x in S: each value once (a 20-row hop1 has 4 symbols)
+            out[name] = pc.unique(table.column(0)).to_pylist()
         elif what == ":exists":
             out[name] = table.num_rows > 0
         else:

@@ -119,7 +119,7 @@ class PyArrowStep(Physical):
     input: Physical
 
     def __post_init__(self) -> None:
-        _unary_over(self, Filter | Derive | Project | Sort | Limit | StageRef | Stage)
+        _unary_over(self, Filter | Derive | Project | Sort | Limit | StageRef | Stage | Aggregate)
 
     def children(self) -> tuple[Physical, ...]:
         return (self.input,)

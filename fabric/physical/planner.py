@@ -12,7 +12,9 @@
   ``exists``) is left out of that unit's chain, so the unit never waits on that stage;
 - a Join or Aggregate, with the Filter / Project / Sort / Limit nodes above it, is one
   ``DuckDBRegion`` (one SQL query over its inputs' Arrow tables); the rest of a plan
-  without join or aggregate stays in pyarrow (DuckDB's fixed cost is ~0.6 ms a query);
+  without join or aggregate stays in pyarrow (DuckDB's fixed cost is ~0.6-5 ms a query),
+  and so does an Aggregate of one input by count / count_distinct / min / max
+  (``pyarrow_aggregate_lacks``: pyarrow's hash aggregation, DuckDB's answer);
 - a unary node runs in pyarrow unless one of its expressions has no pyarrow form: a call
   of a registry function with neither an ``arrow`` nor an ``array`` form (and not a
   constant the fabric folds), a correlated ``exists``, a LIKE with a non-constant
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from connectors.arrow_expr import is_constant
-from dsl.ast import Call, Exists, Expr, Like, Param, unqualify
+from dsl.ast import Call, Exists, Expr, Like, Param, Star, unqualify
 from dsl.ast import replace as replace_expr
 from dsl.types import is_stage_param
 from fabric import functions
@@ -158,10 +160,47 @@ def unary_engine(node: Plan) -> tuple[str, str]:
     return "pyarrow", ""
 
 
+#: aggregates pyarrow's hash aggregation computes as DuckDB does; sum and avg stay in
+#: DuckDB (a float sum depends on the order of addition, pyarrow's int64 sum wraps)
+PYARROW_AGGREGATES = frozenset({"count", "count_distinct", "min", "max"})
+
+
+def pyarrow_aggregate_lacks(node: Aggregate) -> str | None:
+    """Why pyarrow cannot run this Aggregate (None: it can, over one input without a
+    join, saving DuckDB's fixed cost of ~5 ms a query on a 20-row multi-hop answer)."""
+    from fabric.execute.sql import substitute
+
+    if needs_sql(node.input):
+        return "over a join or a DuckDB region"
+    below = exprmap(node.input)
+    for _, c, _ in node.aggregates:
+        if c.name not in PYARROW_AGGREGATES or c.distinct:
+            return f"{c} is computed in DuckDB"
+    exprs = [e for _, e, _ in node.group_by]
+    exprs += [a for _, c, _ in node.aggregates for a in c.args if not isinstance(a, Star)]
+    for e in exprs:
+        why = pyarrow_lacks(substitute(e, below))
+        if why is not None:
+            return why
+    return None
+
+
+def _over_source_aggregate(node: Plan) -> bool:
+    """Whether ``node`` reads (through Filter / Derive / Project / Sort / Limit) a Scan
+    whose source computes its aggregate (``push_aggregate``)."""
+    below = node.children()[0] if node.children() else None
+    while isinstance(below, Filter | Derive | Project | Sort | Limit):
+        below = below.input
+    return isinstance(below, Scan) and below.aggregate is not None
+
+
 def needs_sql(node: Plan) -> bool:
-    """A join or aggregate, or a Filter / Project / Sort / Limit above one: DuckDB."""
-    if isinstance(node, Join | Aggregate):
+    """A join, an aggregate pyarrow cannot compute, or a Filter / Project / Sort / Limit
+    above one: DuckDB."""
+    if isinstance(node, Join):
         return True
+    if isinstance(node, Aggregate):
+        return pyarrow_aggregate_lacks(node) is not None
     if isinstance(node, Filter | Project | Sort | Limit):
         return needs_sql(node.input)
     return False
@@ -212,7 +251,7 @@ class _Planner:
             if engine == "duckdb":
                 return DuckDBStep(n, child, why)
             return PyArrowStep(n, child)
-        if isinstance(n, StageRef | Stage):
+        if isinstance(n, StageRef | Stage | Aggregate):  # Aggregate: needs_sql said pyarrow
             return PyArrowStep(n, self.node(n.input))
         if isinstance(n, StageResult):
             return StageTable(n)

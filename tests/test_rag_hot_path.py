@@ -1,0 +1,196 @@
+"""The multi-hop hot path (issue 17): a stage's lone source unit runs on the caller's
+thread (no pool handoff) while units ready together still share the pool, and an
+aggregate of one input (count / count_distinct / min / max) runs in pyarrow, not DuckDB,
+with DuckDB's answer: checked against DuckDB running the same SQL on the same table,
+NULL keys, NULL and NaN values, strings and timestamps included."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from fixtures.optimizer import world
+
+from dsl.loader import load_text
+from fabric.execute import execute, physical
+from fabric.optimizer import optimize
+from fabric.plan.builder import build
+
+
+def events() -> pa.Table:
+    rng = np.random.default_rng(11)
+    n = 300
+    kinds = [None if i % 17 == 0 else ["buy", "sell", "hold"][i % 3] for i in range(n)]
+    score = [None if i % 13 == 0 else float(x) for i, x in enumerate(rng.normal(size=n))]
+    t0 = dt.datetime(2026, 1, 1)
+    return pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "kind": pa.array(kinds, pa.string()),
+            "sym": pa.array([f"S{int(i) % 7}" for i in rng.integers(0, 100, n)]),
+            "score": pa.array(score, pa.float64()),
+            "ts": pa.array([t0 + dt.timedelta(minutes=int(m)) for m in rng.integers(0, 10**5, n)]),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def tables() -> dict[str, pa.Table]:
+    t = world.make_tables()
+    t["events"] = events()
+    nan = events()
+    score = nan.column("score").to_pylist()
+    score[5] = float("nan")
+    t["events_nan"] = nan.set_column(3, "score", pa.array(score, pa.float64()))
+    return t
+
+
+@pytest.fixture(scope="module")
+def cat(tables):  # type: ignore[no-untyped-def]
+    return world.catalog(tables)
+
+
+@pytest.fixture(scope="module")
+def ref(tables):  # type: ignore[no-untyped-def]
+    con = duckdb.connect()
+    for name, t in tables.items():
+        con.register(name, t)
+    return con
+
+
+def run(cat, binding: str):  # type: ignore[no-untyped-def]
+    spec = load_text(binding)[0]
+    plan = optimize(build(spec, cat), cat)
+    return physical(plan, cat, spec.name), execute(plan, {}, cat, binding=spec.name)
+
+
+def norm(rows: list[tuple]) -> list[tuple]:
+    def v(x: object) -> object:
+        if isinstance(x, float) and np.isnan(x):
+            return "NaN"
+        return round(x, 9) if isinstance(x, float) else x
+
+    return sorted((tuple(v(x) for x in r) for r in rows), key=repr)
+
+
+GROUPED = """
+binding: per_kind
+sources:
+  e: {from: memory://t/%(table)s, where: e.id > 3}
+select: [e.kind, count(*) as n, count(e.score) as scored, count_distinct(e.sym) as syms,
+         min(e.score) as lo, max(e.score) as hi, min(e.sym) as first, max(e.ts) as last]
+group_by: [e.kind]
+"""
+GROUPED_SQL = """SELECT kind, count(*), count(score), count(DISTINCT sym), min(score),
+    max(score), min(sym), max(ts) FROM %(table)s WHERE id > 3 GROUP BY kind"""
+
+
+def test_grouped_aggregate_runs_in_pyarrow_with_duckdbs_answer(cat, ref) -> None:  # type: ignore[no-untyped-def]
+    pp, res = run(cat, GROUPED % {"table": "events"})
+    assert "pyarrow Aggregate: group_by=[e.kind]" in pp.explain(), pp.explain()
+    assert "DuckDB" not in pp.explain(), pp.explain()
+    got = [tuple(r.values()) for r in res.table.to_pylist()]
+    want = ref.execute(GROUPED_SQL % {"table": "events"}).fetchall()
+    assert norm(got) == norm(want)
+    assert any(r[0] is None for r in got), "a NULL key is a group of its own"
+    assert res.table.schema.field("n").type == pa.int64()
+
+
+def test_nan_under_min_max_gives_duckdbs_answer(cat, ref) -> None:  # type: ignore[no-untyped-def]
+    # pyarrow's min / max skip NaN, DuckDB orders it above every number: DuckDB answers
+    _, res = run(cat, GROUPED % {"table": "events_nan"})
+    got = [tuple(r.values()) for r in res.table.to_pylist()]
+    want = ref.execute(GROUPED_SQL % {"table": "events_nan"}).fetchall()
+    assert norm(got) == norm(want)
+    assert any(r[5] == "NaN" for r in norm(got)), "the NaN is the max of its group"
+
+
+@pytest.mark.parametrize("where", ["e.id > 3", "e.id < 0"])
+def test_global_aggregate_one_row_even_when_empty(cat, ref, where: str) -> None:  # type: ignore[no-untyped-def]
+    binding = f"""
+binding: totals
+sources:
+  e: {{from: memory://t/events, where: "{where}"}}
+select: [count(*) as n, min(e.score) as lo, max(e.ts) as last, count(e.kind) as kinds]
+"""
+    pp, res = run(cat, binding)
+    assert "pyarrow Aggregate" in pp.explain(), pp.explain()
+    got = [tuple(r.values()) for r in res.table.to_pylist()]
+    sql = f"SELECT count(*), min(score), max(ts), count(kind) FROM events WHERE {where[2:]}"
+    assert norm(got) == norm(ref.execute(sql).fetchall())
+    assert len(got) == 1
+
+
+def test_sum_and_joins_stay_in_duckdb(cat) -> None:  # type: ignore[no-untyped-def]
+    pp, _ = run(
+        cat,
+        """
+binding: sums
+sources:
+  e: {from: memory://t/events}
+select: [e.kind, sum(e.score) as total]
+group_by: [e.kind]
+""",
+    )
+    assert "DuckDB query over 1 input" in pp.explain(), pp.explain()
+
+
+STAGED = """
+binding: staged
+stages:
+  top:
+    sources:
+      e: {from: memory://t/events, where: e.score > 1.0}
+    select: [e.sym]
+sources:
+  f: {from: memory://t/events, where: f.sym in top}
+select: [f.sym, count(*) as n]
+group_by: [f.sym]
+"""
+TWO_READY = """
+binding: two_ready
+stages:
+  both:
+    sources:
+      a: {from: memory://t/events, where: a.score > 1.0}
+      b: {from: memory://t/events, join: b.id = a.id + 1}
+    select: [b.sym]
+sources:
+  f: {from: memory://t/events, where: f.sym in both}
+select: [f.sym, count(*) as n]
+group_by: [f.sym]
+"""
+
+
+def analyze(cat, binding: str) -> str:  # type: ignore[no-untyped-def]
+    spec = load_text(binding)[0]
+    plan = optimize(build(spec, cat), cat)
+    res = execute(plan, {}, cat, binding=spec.name, analyze=True)
+    assert res.explain is not None
+    return res.explain
+
+
+def line(text: str, alias: str) -> str:
+    return next(ln for ln in text.splitlines() if f"Scan: {alias} <- " in ln)
+
+
+def test_lone_stage_units_run_inline(cat, ref) -> None:  # type: ignore[no-untyped-def]
+    text = analyze(cat, STAGED)
+    for alias in ("e", "f"):  # each is the one unit ready when it starts
+        assert "ran inline (ready alone)" in line(text, alias), text
+    _, res = run(cat, STAGED)
+    want = ref.execute(
+        """SELECT sym, count(*) FROM events WHERE sym IN
+           (SELECT sym FROM events WHERE score > 1.0) GROUP BY sym"""
+    ).fetchall()
+    assert norm([tuple(r.values()) for r in res.table.to_pylist()]) == norm(want)
+
+
+def test_units_ready_together_share_the_pool(cat) -> None:  # type: ignore[no-untyped-def]
+    text = analyze(cat, TWO_READY)
+    for alias in ("a", "b"):  # b takes a's keys: both go to the pool
+        assert "ran inline" not in line(text, alias), text
+    assert "ran inline (ready alone)" in line(text, "f"), text
