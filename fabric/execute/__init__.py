@@ -180,6 +180,42 @@ def physical(plan: Plan, catalog: Any, binding: str) -> PhysicalPlan:
     return pp
 
 
+class _PlanCache:
+    """What the executor derives from a physical plan once, not per query: per plain
+    Project node, its input's column names, their positions, the output names and types."""
+
+    __slots__ = ("projects",)
+
+    def __init__(self) -> None:
+        self.projects: dict[int, tuple[list[str], list[int] | None, list[str], list[Any]]] = {}
+
+
+_plan_caches: dict[int, tuple[weakref.ref[PhysicalPlan], _PlanCache]] = {}
+
+
+def _plan_cache(pp: PhysicalPlan) -> _PlanCache:
+    """The ``_PlanCache`` of ``pp`` while it lives (keyed by identity, checked through a
+    weak reference: a new plan at a freed plan's address gets a new cache)."""
+    hit = _plan_caches.get(id(pp))
+    if hit is not None and hit[0]() is pp:
+        return hit[1]
+    cache = _PlanCache()
+    key = id(pp)
+
+    def forget(_: Any, caches: dict = _plan_caches, lock: Any = _physical_lock) -> None:
+        with lock:
+            entry = caches.get(key)
+            if entry is not None and entry[0]() is None:
+                del caches[key]
+
+    with _physical_lock:
+        _plan_caches[key] = (weakref.ref(pp, forget), cache)
+    return cache
+
+
+_UNARY = (Filter, Derive, Project, Sort, Limit)
+
+
 class _Run:
     def __init__(
         self,
@@ -224,15 +260,16 @@ class _Run:
     # ------------------------------------------------------------ driver
     def run(self) -> Result:
         t0 = time.perf_counter()
-        missing = sorted(
-            p for p in self.pp.params.difference(self.params) if not p.startswith("stage:")
-        )
-        if missing:
-            raise QueryError(
-                self.binding,
-                f"session value(s) {', '.join(repr(m) for m in missing)} not bound",
-                hint=f"pass session={{{', '.join(repr(m) + ': ...' for m in missing)}}}",
+        if not self.pp.params <= self.params.keys():  # (bound by the caller: checked once)
+            missing = sorted(
+                p for p in self.pp.params.difference(self.params) if not p.startswith("stage:")
             )
+            if missing:
+                raise QueryError(
+                    self.binding,
+                    f"session value(s) {', '.join(repr(m) for m in missing)} not bound",
+                    hint=f"pass session={{{', '.join(repr(m) + ': ...' for m in missing)}}}",
+                )
         self.deadline = time.monotonic() + self.timeout * (1 + self.pp.depth)
         order = self.pp.order
         root = self.pp.root
@@ -424,7 +461,7 @@ class _Run:
         self._record(leaf, table.num_rows, t0 + self._dep_wait.get(alias, 0.0))
         if leaf.freshness is None:  # nothing to enforce: report the freshness as read
             self._check_freshness(alias, leaf, source)
-        for node, engine in reversed(tuple(zip(unit.chain, unit.engines))):
+        for node, engine in reversed(tuple(zip(unit.chain, unit.engines))) if unit.chain else ():
             t0 = time.perf_counter()
             if engine == "duckdb":
                 table = self._sql_over(node, table)
@@ -619,7 +656,7 @@ class _Run:
         except Exception as e:
             raise _SourceFailed(e) from e
         ms = (time.perf_counter() - t0) * 1000
-        table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
+        table = table.rename_columns([f"{alias}.{n}" for n in table.schema.names])
         text = self.units[alias].text
         entry = {
             "uri": vs.uri,
@@ -711,9 +748,10 @@ class _Run:
         self._record(node, table.num_rows, t0, engine=engine)
         return table
 
-    def _resolver(self, node: Plan, table: pa.Table) -> Any:
-        exprmap = _planner.exprmap(node)
-        names = table.column_names
+    def _resolver(self, node: Plan, table: pa.Table, exprmap: dict[Expr, str] | None = None) -> Any:
+        if exprmap is None:
+            exprmap = _planner.exprmap(node)
+        names = table.schema.names
 
         def res(c: Column) -> str:
             try:
@@ -726,9 +764,13 @@ class _Run:
     def _apply_unary(self, node: Plan, table: pa.Table) -> pa.Table:
         """Filter / Derive / Project / Sort / Limit in pyarrow (the physical planner sends
         the nodes with an expression pyarrow has no form for to DuckDB instead)."""
-        child = node.children()[0]
-        res = self._resolver(child, table)
+        child = node.input if isinstance(node, _UNARY) else node.children()[0]
         exprmap = _planner.exprmap(child)
+        if isinstance(node, Project):
+            picked = self._plain_project(node, table, exprmap)
+            if picked is not None:
+                return picked
+        res = self._resolver(child, table, exprmap)
         try:
             if isinstance(node, Filter):
                 return functions.filter_table(
@@ -744,12 +786,6 @@ class _Run:
                     table = table.append_column(pa.field(name, typ), _cast(col, typ))
                 return table
             if isinstance(node, Project):
-                if not exprmap and all(isinstance(e, Column) for _, e, _ in node.items):
-                    # plain columns: select and rename (no per-expression evaluation)
-                    picked = table.select([res(e) for _, e, _ in node.items])
-                    out = picked.rename_columns([n for n, _, _ in node.items])
-                    if all(f.type == t for f, (_, _, t) in zip(out.schema, node.items)):
-                        return out
                 cols = [_cast(self._values(e, table, res, exprmap), t) for _, e, t in node.items]
                 return pa.table(
                     cols,
@@ -820,6 +856,27 @@ class _Run:
         return pa.table(
             [_cast(c, t) for c, (_, _, t) in zip(got, items)], names=[n for n, _, _ in items]
         )
+
+    def _plain_project(
+        self, node: Project, table: pa.Table, exprmap: dict[Expr, str]
+    ) -> pa.Table | None:
+        """A Project of plain columns of the declared types: select and rename (no
+        per-expression evaluation). The column positions are resolved once per plan and
+        input column names (``_PlanCache``); None: evaluate the items instead."""
+        names = table.schema.names
+        cache = _plan_cache(self.pp).projects
+        hit = cache.get(id(node))
+        if hit is None or hit[0] != names:
+            cols = None
+            if not exprmap and all(isinstance(e, Column) for _, e, _ in node.items):
+                res = self._resolver(node.input, table, exprmap)
+                cols = [names.index(res(e)) for _, e, _ in node.items]
+            out_names, types = [n for n, _, _ in node.items], [t for _, _, t in node.items]
+            hit = cache[id(node)] = (names, cols, out_names, types)
+        if hit[1] is None:
+            return None
+        out = table.select(hit[1]).rename_columns(hit[2])
+        return out if out.schema.types == hit[3] else None
 
     def _plain_project(
         self, node: Project, table: pa.Table, exprmap: dict[Expr, str]
@@ -1040,7 +1097,9 @@ class _Run:
 
     # ------------------------------------------------------------ stats and explain
     def _record(self, node: Plan, rows: int, t0: float, engine: str = "arrow") -> None:
-        header = self._header(node)
+        header = self.pp.headers.get(id(node))
+        if header is None:
+            header = node.header()
         end = time.perf_counter()
         with self._lock:
             self.node_stats[id(node)] = {
@@ -1195,9 +1254,10 @@ def _cast(values: Any, typ: pa.DataType) -> Any:
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Give the answer the plan's declared column types where a safe cast exists."""
-    if table.column_names != schema.names:
+    have = table.schema
+    if have.names != schema.names:
         return table
-    if all(f.type == t.type for f, t in zip(table.schema, schema)):
+    if have.equals(schema) or all(f.type == t.type for f, t in zip(have, schema)):
         return table
     cols = [_cast(table.column(i), schema.field(i).type) for i in range(table.num_columns)]
     return pa.table(cols, names=schema.names)
