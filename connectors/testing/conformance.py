@@ -11,6 +11,8 @@ and re-applies non-EXACT filters with ``fabric.functions.filter_table`` (as the 
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -20,6 +22,7 @@ from connectors._util import BadValueError, typed_params
 from connectors.base import (
     Capability,
     Pushdown,
+    ScanMetrics,
     ScanRequest,
     Source,
     SourceLike,
@@ -231,6 +234,91 @@ class ConnectorConformance:
         rows = data.rows()
         want = sorted(rows, key=lambda r: (r["status"] is None, r["status"] or "", r["id"]))
         assert out.column("id").to_pylist() == [r["id"] for r in want]
+
+    # -------------------------------------------------------------- per-scan metrics
+
+    #: the ScanMetrics fields that say what one scan did (not how long it waited)
+    METRIC_FIELDS: ClassVar[tuple[str, ...]] = (
+        "statement",
+        "records",
+        "bad_records",
+        "files_total",
+        "files_read",
+        "row_groups_total",
+        "row_groups_read",
+        "rows",
+    )
+
+    def _requests(self, source: Source) -> tuple[ScanRequest, ScanRequest]:
+        """Two scans with different filters (ids below 50, ids from 150), pushed if taken."""
+        out = []
+        for f, p in (
+            (Binary("<", Column("id"), Param("hi")), {"hi": 50}),
+            (Binary(">=", Column("id"), Param("lo")), {"lo": 150}),
+        ):
+            pushed = (f,) if source.supports_filter(f) is not Pushdown.UNSUPPORTED else ()
+            out.append(ScanRequest(columns=("id",), filters=pushed, params=p, batch_size=37))
+        return out[0], out[1]
+
+    def _measured(self, req: ScanRequest, rows: int) -> dict[str, Any]:
+        m = req.metrics
+        assert isinstance(m, ScanMetrics), f"request.metrics is {type(m).__name__}, not ScanMetrics"
+        assert m.rows is None or m.rows == rows, f"metrics.rows {m.rows}, the scan returned {rows}"
+        m.as_dict()  # renders
+        return {k: getattr(m, k) for k in self.METRIC_FIELDS}
+
+    def _alone(self, source: Source, req: ScanRequest) -> dict[str, Any]:
+        req = ScanRequest(**{**vars(req), "metrics": ScanMetrics()})
+        rows = sum(b.num_rows for b in source.scan(req))
+        return self._measured(req, rows)
+
+    def test_scan_metrics_are_the_scans_own(self, source: Source) -> None:
+        """A scan reports into its own ``request.metrics`` and keeps nothing per scan on
+        the source, which the catalog shares between concurrent queries: scan A, held
+        after its first batch while scan B (another filter) runs to its end, then
+        finished, reports what A reports alone, and B what B reports alone."""
+        a, b = self._requests(source)
+        for r in (a, b):  # warm the source's caches (a Kafka tail), then measure alone
+            self._alone(source, r)
+        want_a, want_b = self._alone(source, a), self._alone(source, b)
+        held = iter(source.scan(a))
+        first = next(held, None)
+        rows_b = sum(x.num_rows for x in source.scan(b))
+        rows_a = (first.num_rows if first is not None else 0) + sum(x.num_rows for x in held)
+        assert self._measured(a, rows_a) == want_a, f"{source}: scan A's metrics changed by B"
+        assert self._measured(b, rows_b) == want_b, f"{source}: scan B's metrics"
+        if a.filters and b.filters and want_a["statement"] is not None:
+            assert want_a["statement"] != want_b["statement"], "the statement names its filter"
+
+    def test_scan_metrics_of_concurrent_scans(self, source: Source) -> None:
+        """Two threads scan the source at once, held together (a Barrier) after their
+        first batches: each reports its own metrics."""
+        reqs = self._requests(source)
+        for r in reqs:
+            self._alone(source, r)
+        want = [self._alone(source, r) for r in reqs]
+        barrier = threading.Barrier(2, timeout=30)
+        got: dict[int, int] = {}
+        errors: list[BaseException] = []
+
+        def run(i: int) -> None:
+            try:
+                it: Iterator[pa.RecordBatch] = iter(source.scan(reqs[i]))
+                first = next(it, None)
+                barrier.wait()
+                got[i] = (first.num_rows if first is not None else 0) + sum(x.num_rows for x in it)
+            except BaseException as e:  # reported below
+                errors.append(e)
+                barrier.abort()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        got_m = [self._measured(r, got[i]) for i, r in enumerate(reqs)]
+        assert got_m == want, f"{source}: concurrent scans reported {got_m}, alone {want}"
 
     # -------------------------------------------------------------- bad input
 
