@@ -7,9 +7,12 @@
 Per row: memory in total (RSS of every agent process, plus the server's in (b)), Kafka
 bytes consumed in total (the news topic once per fabric that ingests it, plus what the
 queries' Kafka scans read, from their stats), p50/p99 latency, throughput. Then the
-remote overhead per query over embedded, side by side in one process, for a 10-row
-result (goal: < 1 ms on loopback via Flight): from MariaDB and from the in-process news
-dataset (no database time), with the bare Flight round trip as the floor.
+remote overhead per query over embedded, interleaved in one process, for a 10-row
+result (goal: < 1 ms on loopback via Flight), through Flight and through HTTP JSON: from
+MariaDB and from the in-process news dataset (no database time), with the bare Flight
+round trip as the floor.
+
+    python benchmarks/service.py --overhead-only --reps 300
 
 Needs the servers of ``scripts/services``; loads the seed data under its own names.
 """
@@ -176,48 +179,70 @@ OVERHEAD_QUERIES = {
 }
 
 
-def overhead(config: Path, grpc: str, env: dict[str, str], reps: int) -> list[dict[str, Any]]:
-    """Per query of ``OVERHEAD_QUERIES``: the same 10-row query embedded and remote,
-    alternating in one process (p50 of each, and the p50 of the paired differences), and
-    the Flight round trip with no query at all (``list_actions``): the floor."""
-    os.environ.update(env)
-    import pyarrow.flight as fl
+def overhead(
+    config: Path, grpc: str, http_url: str, env: dict[str, str], reps: int
+) -> list[dict[str, Any]]:
+    """Per query of ``OVERHEAD_QUERIES``: the same 10-row query embedded, through Flight
+    (``fabric.connect``) and through HTTP JSON (``POST /v1/query_text`` on one kept-alive
+    connection), interleaved in one process (the order rotates every repetition), with the
+    Flight round trip of a call that runs no query (``list_actions``): the floor. Per path
+    the p50 and the p50 of the paired differences with the embedded run next to it."""
+    import http.client
+    import json
+    import urllib.parse
 
-    import fabric
+    os.environ.update(env)
+    import fabric  # the client first: fabric.connect starts pyarrow's gRPC as it serves
 
     fab = fabric.open(config)  # ingesting, so dataset://news holds the topic as served
     fab.catch_up(60)
     remote = fabric.connect(grpc, token=TOKEN)
+    import pyarrow.flight as fl
+
     client = fl.FlightClient(grpc)
     opts = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    url = urllib.parse.urlsplit(http_url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=60)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+    def over_http(body: bytes) -> int:
+        conn.request("POST", "/v1/query_text", body=body, headers=headers)
+        resp = conn.getresponse()
+        rows = json.loads(resp.read())["rows"]
+        assert resp.status == 200, resp.status
+        return len(rows)
+
     out = []
     for name, text in OVERHEAD_QUERIES.items():
-        assert remote.query_text(text).table.num_rows == 10, name
-        assert fab.query_text(text).table.num_rows == 10, name
+        body = json.dumps({"text": text}).encode()
+        calls = {
+            "embedded": lambda text=text: fab.query_text(text).table.num_rows,
+            "flight": lambda text=text: remote.query_text(text).table.num_rows,
+            "http": lambda body=body: over_http(body),
+            "rtt": lambda: len(list(client.list_actions(options=opts))),
+        }
+        for kind in ("embedded", "flight", "http"):
+            assert calls[kind]() == 10, (name, kind)
         for _ in range(20):  # warm: compile, connect
-            fab.query_text(text)
-            remote.query_text(text)
-        emb, rem, rtt = [], [], []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fab.query_text(text)
-            t1 = time.perf_counter()
-            remote.query_text(text)
-            t2 = time.perf_counter()
-            list(client.list_actions(options=opts))
-            rtt.append(time.perf_counter() - t2)
-            emb.append(t1 - t0)
-            rem.append(t2 - t1)
+            for fn in calls.values():
+                fn()
+        times: dict[str, list[float]] = {k: [] for k in calls}
+        order = list(calls)
+        for i in range(reps):
+            for kind in order[i % 4 :] + order[: i % 4]:
+                t0 = time.perf_counter()
+                calls[kind]()
+                times[kind].append(time.perf_counter() - t0)
         ms = 1000.0
-        out.append(
-            {
-                "query": name,
-                "embedded": statistics.median(emb) * ms,
-                "remote": statistics.median(rem) * ms,
-                "overhead": statistics.median(r - e for r, e in zip(rem, emb)) * ms,
-                "rtt": statistics.median(rtt) * ms,
-            }
-        )
+        row: dict[str, Any] = {"query": name}
+        for kind, t in times.items():
+            row[kind] = statistics.median(t) * ms
+        for kind in ("flight", "http"):
+            pairs = zip(times[kind], times["embedded"])
+            row[f"{kind}_over"] = statistics.median(r - e for r, e in pairs) * ms
+        out.append(row)
+    conn.close()
+    remote.close()
     fab.close()
     return out
 
@@ -303,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             s["rss"] += _rss_mb(srv.pid)
             s["kafka"] = news_bytes + s["kafka_scan"]
             rows.append(("served", n, s))
-        over = overhead(config, grpc, fab_env("overhead"), args.reps)
+        over = overhead(config, grpc, http, fab_env("overhead"), args.reps)
     finally:
         srv.terminate()
         srv.wait(20)
@@ -323,21 +348,23 @@ def main(argv: list[str] | None = None) -> int:
         f"({news_bytes / 1e6:.2f} MB each) plus the queries' Kafka scans (their stats)"
     )
     print(
-        f"\n10-row queries, {args.reps} reps alternating embedded / remote (Flight) in one "
+        f"\n10-row queries, {args.reps} reps interleaved embedded / Flight / HTTP JSON in one "
         f"process (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
     )
     print(
-        f"{'query':<8} {'embedded p50':>13} {'remote p50':>11} {'ratio':>6} "
-        f"{'overhead p50':>13} {'flight rtt p50':>15}"
+        f"{'query':<8} {'embedded':>9} {'flight':>9} {'http':>9} {'flight/emb':>10} "
+        f"{'http/emb':>9} {'flight over':>11} {'http over':>10} {'flight rtt':>10}"
     )
     for o in over:
         print(
-            f"{o['query']:<8} {o['embedded']:>10.3f} ms {o['remote']:>8.3f} ms "
-            f"{o['remote'] / o['embedded']:>6.2f} {o['overhead']:>10.3f} ms {o['rtt']:>12.3f} ms"
+            f"{o['query']:<8} {o['embedded']:>9.3f} {o['flight']:>9.3f} {o['http']:>9.3f} "
+            f"{o['flight'] / o['embedded']:>10.2f} {o['http'] / o['embedded']:>9.2f} "
+            f"{o['flight_over']:>11.3f} {o['http_over']:>10.3f} {o['rtt']:>10.3f}"
         )
     print(
-        "overhead: the median of the paired differences (goal < 1 ms); flight rtt: a Flight "
-        "call that runs no query (list_actions), the floor of any remote call"
+        "p50 in ms; over: the median of the paired differences with the embedded run next to "
+        "it (goal for flight < 1 ms); flight rtt: a Flight call that runs no query "
+        "(list_actions), the floor of any remote call"
     )
     return 0
 

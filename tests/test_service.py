@@ -656,6 +656,58 @@ def test_fair_scheduler_round_robin_between_agents() -> None:
     assert order.index("b") <= 1, order  # b is served next, not after a's whole backlog
 
 
+def test_wire_dumps_is_json_without_nan() -> None:
+    """The C encoder's fast path writes what the Python walk wrote: NaN and infinities as
+    null (no NaN in any answer), datetimes as ISO text, numpy scalars as numbers, other
+    objects and non-text keys as text."""
+    import datetime as dt
+    import decimal
+
+    import numpy as np
+
+    cases: list[Any] = [
+        {"a": 1.5, "b": [1, 2, {"c": "x"}], "n": None, "t": True},
+        {"lag": float("nan"), "inf": [float("inf"), -float("inf")]},
+        {"at": dt.datetime(2026, 12, 2, 1, 2, 3), "day": dt.date(2026, 12, 2)},
+        {"i": np.int64(3), "f": np.float32(0.5), "nan": np.float64("nan")},
+        {"d": decimal.Decimal("1.25"), "s": {1}, (1, 2): "tuple key", 7: "int key"},
+    ]
+    for obj in cases:
+        got = wire.dumps(obj)
+        assert got == json.dumps(wire._plain(obj), separators=(",", ":")).encode(), obj
+        assert b"NaN" not in got and b"Infinity" not in got
+        json.loads(got)
+
+
+GRPC_PROBE = """
+import os, sys
+import fabric
+fabric.connect("grpc://127.0.0.1:9", token="x" * 16)
+print(repr(os.environ.get("GRPC_EXPERIMENTS")))
+"""
+
+
+@pytest.mark.parametrize("preset", [None, "", "-event_engine_client"])
+def test_flight_client_starts_grpc_without_the_event_engine(preset) -> None:
+    """fabric.connect starts pyarrow's gRPC with the low-latency poller (gRPC logs the
+    experiments it read), and only for that moment: the process's environment is left
+    as it was; a GRPC_EXPERIMENTS the process set itself (even empty) is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    env["GRPC_VERBOSITY"] = "debug"
+    if preset is not None:
+        env["GRPC_EXPERIMENTS"] = preset
+    out = subprocess.run(
+        [sys.executable, "-c", GRPC_PROBE], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == repr(preset)
+    # gRPC names the experiments it was given (no line when none)
+    line = next((x for x in out.stderr.splitlines() if "gRPC experiments:" in x), "")
+    assert ("event_engine_client:off" in line) == (preset != ""), out.stderr[-2000:]
+    if preset is None:
+        assert "event_engine_listener:off" in line and "event_engine_callback_cq:off" in line
+
+
 async def _mcp(open_streams: Any, calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, list[Any]]:
     from mcp.client.session import ClientSession
 

@@ -197,9 +197,17 @@ class FairScheduler:
         self.turn: deque[str] = deque()
 
     def acquire(self, agent: AgentConfig, timeout: float | None = None) -> None:
-        ev = threading.Event()
         with self.lock:
             q = self.queues.setdefault(agent.name, deque())
+            running = self.running.get(agent.name, 0)
+            if not q and self.free > 0 and running < agent.max_concurrent:
+                # a free slot and nothing of this agent's waiting: whoever else waits is at
+                # its own limit (every change dispatches), so the slot is this agent's
+                self.limits[agent.name] = agent.max_concurrent
+                self.running[agent.name] = running + 1
+                self.free -= 1
+                return
+            ev = threading.Event()
             if len(q) >= max(agent.max_queued, 0) and (
                 self.running.get(agent.name, 0) >= agent.max_concurrent or self.free == 0
             ):

@@ -21,6 +21,7 @@ import pyarrow.flight as fl
 from fabric.result import Result
 from fabric.service import wire
 from fabric.service.errors import KINDS, Failed, ServiceError
+from fabric.service.transport import grpc_defaults
 
 
 def _raise(e: fl.FlightError) -> ServiceError:
@@ -76,7 +77,8 @@ class RemoteFabric:
                 f"serve), got {url!r}"
             )
         self.url = url
-        self._client = fl.FlightClient(url)
+        with grpc_defaults():
+            self._client = fl.FlightClient(url)
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._opts = fl.FlightCallOptions(headers=headers, timeout=timeout)
 

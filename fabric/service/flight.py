@@ -30,6 +30,7 @@ import pyarrow.flight as fl
 from fabric.service import wire
 from fabric.service.core import QueryService, translate
 from fabric.service.errors import BadRequest, ServiceError, Unauthenticated
+from fabric.service.transport import grpc_defaults
 
 _ERRORS = {
     "unauthenticated": fl.FlightUnauthenticatedError,
@@ -279,7 +280,8 @@ class FlightThread:
 
     def __init__(self, service: QueryService, host: str = "127.0.0.1", port: int = 0):
         try:
-            self.server = FabricFlightServer(service, f"grpc://{host}:{port}")
+            with grpc_defaults():
+                self.server = FabricFlightServer(service, f"grpc://{host}:{port}")
         except Exception as exc:
             raise OSError(
                 f"fabric serve: cannot listen for Arrow Flight on {host}:{port}: {exc}; "
