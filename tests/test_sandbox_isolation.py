@@ -24,6 +24,7 @@ TABLE = pa.table({"id": list(range(100))})
 
 
 def _workers(pool: SandboxPool) -> list:
+    assert pool.wait_ready(60)  # all but the first start in the background
     return list(pool._idle.queue)
 
 
