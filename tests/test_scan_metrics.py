@@ -31,12 +31,13 @@ from connectors.base import ScanMetrics, ScanRequest
 pytestmark = pytest.mark.timeout(120)
 
 
-def open_fab(tmp_path: Path, connection: str, bindings: dict[str, str]) -> Any:
+def open_fab(tmp_path: Path, connection: str, bindings: dict[str, str], extra: str = "") -> Any:
     (tmp_path / "agents").mkdir(exist_ok=True)
     (tmp_path / "fabric.yaml").write_text(
         "connections:\n"
         + textwrap.indent(textwrap.dedent(connection).strip(), "  ")
         + "\nbindings: [agents/]\n"
+        + extra
     )
     for name, body in bindings.items():
         (tmp_path / "agents" / f"{name}.yaml").write_text(textwrap.dedent(body))
@@ -246,6 +247,32 @@ def test_kafka_bad_messages_reach_res_stats(
         single = fab.query("low")
         assert metrics(single, "t")["bad_records"] == 4
         assert "bad_records=4" in fab.explain("low", analyze=True)
+
+
+@pytest.mark.kafka
+def test_kafka_bad_messages_reach_the_scan_span(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: Any
+) -> None:
+    from confluent_kafka import Producer
+
+    topic = new_topic(1)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for value in [json.dumps({"id": i, "n": i}).encode() for i in range(5)] + [b"{", b"[]"]:
+        p.produce(topic, value=value)
+    assert p.flush(10) == 0
+    uri = f"kafka://bus/{topic}"
+    conn = f"""\
+    bus: {{kind: kafka, bootstrap: "{kafka_bootstrap}", schemas: {{{topic}: {{id: int, n: int}}}}}}
+    """
+    with open_fab(
+        tmp_path, conn, {"all": binding("all", uri, "t.n >= 0")}, "tracing: {ring_spans: 100}\n"
+    ) as fab:
+        res = fab.query("all")
+        assert res.table.num_rows == 5 and metrics(res, "t")["bad_records"] == 2
+        fab.tracer.flush()
+        scan = next(s for s in fab.tracer.spans() if s.name == "Scan t")
+        assert scan.attributes["fabric.source.bad_records"] == 2
+        assert scan.attributes["fabric.source.records"] == 7
 
 
 # ---------------------------------------------------------------- the record itself

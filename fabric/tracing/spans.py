@@ -243,6 +243,18 @@ def emit(
     tracer.deliver(out)
 
 
+_SCAN_COUNTS = (
+    "requests",
+    "retries",
+    "records",
+    "bad_records",
+    "files_total",
+    "files_read",
+    "row_groups_total",
+    "row_groups_read",
+)
+
+
 def _source_attrs(alias: str, s: dict[str, Any] | None, f: dict[str, Any] | None) -> dict[str, Any]:
     a: dict[str, Any] = {"fabric.source.alias": alias}
     if s:
@@ -255,6 +267,12 @@ def _source_attrs(alias: str, s: dict[str, Any] | None, f: dict[str, Any] | None
         a["fabric.source.time_ms"] = float(s.get("time_ms", 0.0))
         if s.get("estimated_rows") is not None:
             a["fabric.source.estimated_rows"] = int(s["estimated_rows"])
+        m = s.get("source") or {}  # the scan's own metrics (connectors.base.ScanMetrics)
+        for k in _SCAN_COUNTS:  # counts only: a statement may hold session values
+            if m.get(k) is not None:
+                a[f"fabric.source.{k}"] = int(m[k])
+        if m.get("cache") is not None:
+            a["fabric.source.cache"] = str(m["cache"])
         for k in ("exact", "inexact", "residual", "filters"):
             if s.get(k):
                 a[f"fabric.pushdown.{k}"] = _strs(s[k])
