@@ -64,6 +64,9 @@ class Capability(enum.StrEnum):
     #: scans in this process without network I/O: a plan over it alone runs on the
     #: caller's thread (``fabric.physical.planner``; memory tables, datasets)
     IN_PROCESS = "in_process"
+    #: computes ``ScanRequest.aggregate`` (GROUP BY + aggregates over the filtered rows)
+    #: when ``supports_aggregate`` accepts it (``fabric.optimizer.push_aggregate``)
+    AGGREGATE = "aggregate"
 
 
 def as_capabilities(values: Iterable[Any], where: str = "a source") -> frozenset[Capability]:
@@ -173,6 +176,28 @@ class Watermark:
     detail: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """A GROUP BY pushed into a scan: ``group_by`` (output name, column, type) and
+    ``aggregates`` (output name, ``sum``/``count``/``avg``/``min``/``max`` call, type),
+    over the rows that pass the request's filters. The source returns one row per group
+    (one row in all when ``group_by`` is empty) with exactly these columns and types. In a
+    ``ScanRequest`` the expressions use the source's own column names; in a plan's Scan
+    they are qualified by its alias, as in the Aggregate they replace."""
+
+    group_by: tuple[tuple[str, Expr, pa.DataType], ...]
+    aggregates: tuple[tuple[str, Expr, pa.DataType], ...]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field(n, t) for n, _, t in (*self.group_by, *self.aggregates)])
+
+    def __str__(self) -> str:
+        g = ", ".join(str(e) for _, e, _ in self.group_by)
+        a = ", ".join(f"{e} as {n}" for n, e, _ in self.aggregates)
+        return f"group_by=[{g}] aggregates=[{a}]"
+
+
 @dataclass
 class ScanMetrics:
     """What one scan cost at its source and what it found there.
@@ -273,6 +298,8 @@ class ScanRequest:
     the ``Param`` nodes inside ``filters`` (and dynamic-filter key lists). ``limit`` and
     ``order_by`` are set only when every filter is EXACT. ``latest_by``: keep only the
     newest record per key (logs). ``time_range``: (start, end) epoch seconds for logs.
+    ``aggregate``: the source groups and aggregates the filtered rows itself
+    (``Capability.AGGREGATE``); ``columns`` then lists the columns it reads.
     """
 
     columns: tuple[str, ...] | None = None
@@ -284,6 +311,7 @@ class ScanRequest:
     time_range: tuple[float | None, float | None] | None = None
     batch_size: int = 65_536
     timeout: float | None = 30.0
+    aggregate: Aggregation | None = None
     #: what this scan cost and found at its source, filled by the source while it scans
     #: (one per request: two scans of one source never share it); the executor reports
     #: it under the source in ``res.stats`` and ``explain(analyze=True)``

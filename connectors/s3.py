@@ -134,7 +134,7 @@ def arrow_filter_ok(expr: Expr, schema: pa.Schema) -> bool:
 
 
 class S3Source(Source):
-    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT})
+    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT, Capability.AGGREGATE})
 
     def __init__(self, uri: str, conn: S3Connection, obj: str, options: Mapping[str, Any]):
         super().__init__(uri)
@@ -286,6 +286,12 @@ class S3Source(Source):
     def supports_filter(self, expr: Expr) -> Pushdown:
         return Pushdown.EXACT if arrow_filter_ok(expr, self.schema()) else Pushdown.UNSUPPORTED
 
+    def supports_aggregate(self, agg: Any, schema: pa.Schema | None = None) -> bool:
+        """Every aggregation the optimizer pushes (``push_aggregate``): Parquet read by
+        DuckDB groups in the reading query; otherwise the rows read are aggregated by
+        the same DuckDB SQL here (``fabric.execute.sql.run_aggregate``)."""
+        return True
+
     def statistics(self) -> Statistics:
         if self._stats is None:
             self._stats = self._compute_stats()
@@ -340,6 +346,36 @@ class S3Source(Source):
     # ----------------------------------------------------------------- scan
 
     def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        if request.aggregate is not None:
+            yield from self._aggregated(request)
+            return
+        yield from self._rows(request)
+
+    def _aggregated(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
+        """The request's aggregate: in DuckDB's reading query when it evaluates every
+        filter, else over the rows read (the same SQL, ``run_aggregate``)."""
+        from fabric.execute.sql import run_aggregate
+
+        done: dict[str, bool] = {}
+        batches = list(self._rows(request, done))
+        if done.get("grouped"):
+            yield from batches
+            return
+        schema = self.schema()
+        cols = list(request.columns or schema.names)
+        rows = (
+            pa.Table.from_batches(batches).select(cols)
+            if batches
+            else pa.schema([schema.field(c) for c in cols]).empty_table()
+        )
+        params = typed_params(request.filters, request.params, schema, self.uri)
+        table = run_aggregate(rows, request.aggregate, params, utcnow())
+        request.metrics.rows = table.num_rows
+        yield from table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
+
+    def _rows(
+        self, request: ScanRequest, done: dict[str, bool] | None = None
+    ) -> Iterator[pa.RecordBatch]:
         self.refresh()
         schema = self.schema()
         cols = list(request.columns) if request.columns is not None else schema.names
@@ -370,7 +406,7 @@ class S3Source(Source):
                 stats.row_groups_total = sum(f.metadata.num_row_groups for f in frags)
                 stats.row_groups_read = len(pieces)
                 if frags and self._duck_ok(frags):
-                    yield from self._duck_scan(frags, cols, request, params, stats)
+                    yield from self._duck_scan(frags, cols, request, params, stats, done)
                     return
                 frags = pieces
             target = ds.FileSystemDataset(
@@ -419,6 +455,7 @@ class S3Source(Source):
         request: ScanRequest,
         params: Mapping[str, Any],
         stats: ScanMetrics,
+        done: dict[str, bool] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         stats.extra["reader"] = "duckdb"
         files = self.conn.duck_files()
@@ -431,10 +468,22 @@ class S3Source(Source):
         schema = self.schema()
         try:
             table, left = s3_duckdb.scan(
-                urls, cols, list(request.filters), params, schema, now, request.limit
+                urls,
+                cols,
+                list(request.filters),
+                params,
+                schema,
+                now,
+                request.limit,
+                request.aggregate if done is not None else None,
             )
         except s3_duckdb.DuckError as exc:  # a read failed: the store, as for pyarrow
             raise self.conn.error(OSError(str(exc).strip()), self.obj) from exc
+        if done is not None and request.aggregate is not None and not left:
+            done["grouped"] = True  # grouped in the reading query
+            stats.rows = table.num_rows
+            yield from table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
+            return
         rest = and_all(left)
         if rest is not None:  # the filters DuckDB does not evaluate as pyarrow does
             table = table.filter(to_arrow(rest, params, now=now, schema=schema))

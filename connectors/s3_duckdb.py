@@ -403,10 +403,17 @@ def scan(
     schema: pa.Schema,
     now: dt.datetime,
     limit: int | None,
+    aggregate: Any = None,
 ) -> tuple[pa.Table, list[Expr]]:
     """Read ``columns`` of the Parquet files ``urls`` with the filters DuckDB evaluates
     like pyarrow; returns the table (also holding the columns of the filters left over,
-    which the caller applies) and those left-over filters."""
+    which the caller applies) and those left-over filters.
+
+    With ``aggregate`` (a ``connectors.base.Aggregation``) and every filter evaluated
+    here, the same query groups and aggregates (the SQL of the executor's DuckDB
+    regions, ``fabric.execute.sql.aggregate_sql``): the result is the aggregate's table
+    and no filter is left over. With filters left over it is ignored (the caller
+    aggregates after applying them)."""
     tr = Filters(schema, params, now)
     where: list[str] = []
     left: list[Expr] = []
@@ -432,6 +439,13 @@ def scan(
         sql += " WHERE " + " AND ".join(where)
     if limit is not None and not left:
         sql += f" LIMIT {int(limit)}"
+    grouped = aggregate is not None and not left
+    if grouped:
+        from fabric.execute.sql import Rel, SqlBuilder, aggregate_sql
+
+        b = SqlBuilder(params, now)
+        b.values = tr.values  # one numbering for the filters' and the aggregate's values
+        sql = aggregate_sql(b, aggregate, Rel(sql, read), "__fabric_scan")
     import duckdb
 
     cur = _connection().cursor()
@@ -441,6 +455,9 @@ def scan(
         raise DuckError(str(exc)) from exc
     finally:
         cur.close()
+    if grouped:
+        want = aggregate.schema
+        return (table if table.schema.equals(want) else table.cast(want)), []
     if not read:
         return table.select([]), left
     return table.cast(pa.schema([schema.field(c) for c in read])), left

@@ -50,6 +50,7 @@ from fabric.execute import freshness as _fresh
 from fabric.execute import stages as _stages
 from fabric.execute.errors import QueryError
 from fabric.execute.sql import Rel, SqlBuilder, UnresolvedColumn, quote, resolve, substitute
+from fabric.execute.sql import typed as _typed
 from fabric.physical import planner as _planner
 from fabric.physical.nodes import (
     CkksScore,
@@ -555,6 +556,7 @@ class _Run:
             order_by=scan.order_by,
             latest_by=scan.latest_by,
             timeout=self.timeout,
+            aggregate=self.units[alias].aggregate,
         )
         t0 = time.perf_counter()
         ray_info = None
@@ -571,7 +573,9 @@ class _Run:
         ms = (time.perf_counter() - t0) * 1000
         rows = sum(b.num_rows for b in batches)
         nbytes = sum(b.nbytes for b in batches)
-        if batches:
+        if request.aggregate is not None:  # grouped at the source: the aggregate's columns
+            table = _aggregated(scan, request.aggregate, batches)
+        elif batches:
             table = pa.Table.from_batches(batches)
         else:
             src_schema = scan.source_schema
@@ -579,12 +583,18 @@ class _Run:
             table = pa.schema([src_schema.field(c) for c in cols]).empty_table()
         if own_latest:
             table = latest_per_key(table, scan.latest_by)
-        if scan.projection is not None and table.column_names != list(scan.projection):
+        grouped = request.aggregate is not None
+        if (
+            not grouped
+            and scan.projection is not None
+            and table.column_names != list(scan.projection)
+        ):
             missing = [c for c in scan.projection if c not in table.column_names]
             if missing:
                 raise SourceError(scan.uri, f"scan returned no column(s) {', '.join(missing)}")
             table = table.select(list(scan.projection))
-        table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
+        if not grouped:
+            table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
         self._source_stats(alias, scan, rows, nbytes, len(batches), ms, dyn_stats)
         if ray_info is not None:
             with self._lock:
@@ -1210,13 +1220,20 @@ def _resolve_in(names: list[str], col: Column) -> str:
     return resolve(col, names, {})
 
 
-_DUCK_TYPES = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.int32(): "INTEGER"}
-
-
-def _typed(sql: str, typ: pa.DataType) -> str:
-    """Cast to the plan's declared type (DuckDB's sum of BIGINT is a 128-bit decimal)."""
-    name = _DUCK_TYPES.get(typ)
-    return f"CAST({sql} AS {name})" if name else sql
+def _aggregated(scan: Scan, agg: Any, batches: list) -> pa.Table:
+    """A source's aggregated answer with the aggregate's names and declared types."""
+    want = agg.schema
+    table = pa.Table.from_batches(batches) if batches else want.empty_table()
+    if table.column_names != want.names:
+        raise SourceError(
+            scan.uri,
+            f"an aggregated scan returned columns [{', '.join(table.column_names)}], "
+            f"not [{', '.join(want.names)}]",
+            hint="this is a connector bug (Capability.AGGREGATE): report the binding",
+        )
+    if not agg.group_by and table.num_rows != 1:
+        raise SourceError(scan.uri, f"an aggregate without groups returned {table.num_rows} rows")
+    return table if table.schema.equals(want) else table.cast(want)
 
 
 def _measured(m: Mapping[str, Any]) -> list[str]:

@@ -251,6 +251,37 @@ class SqlBuilder:
             cur.close()
 
 
+_DUCK_TYPES = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.int32(): "INTEGER"}
+
+
+def typed(sql: str, typ: pa.DataType) -> str:
+    """Cast to the plan's declared type (DuckDB's sum of BIGINT is a 128-bit decimal)."""
+    name = _DUCK_TYPES.get(typ)
+    return f"CAST({sql} AS {name})" if name else sql
+
+
+def aggregate_sql(b: SqlBuilder, agg: Any, rel: Rel, alias: str) -> str:
+    """``SELECT <keys>, <aggregates> FROM (rel) GROUP BY ...`` for an ``Aggregation``
+    (``connectors.base``): the same SQL the executor's DuckDB regions give an Aggregate,
+    so an aggregate pushed into a DuckDB-read source answers exactly as it would above."""
+    items = (*agg.group_by, *agg.aggregates)
+    cols = ", ".join(f"{typed(b.expr(e, rel), t)} AS {quote(n)}" for n, e, t in items)
+    group = ", ".join(str(i + 1) for i in range(len(agg.group_by)))
+    return f"SELECT {cols} FROM ({rel.sql}) AS {alias}" + (f" GROUP BY {group}" if group else "")
+
+
+def run_aggregate(
+    table: pa.Table, agg: Any, params: Mapping[str, Any], now: dt.datetime
+) -> pa.Table:
+    """An ``Aggregation`` over an Arrow table whose columns are the source's, in DuckDB."""
+    b = SqlBuilder(params, now)
+    out = b.run(aggregate_sql(b, agg, b.table(table), "__fabric_agg"))
+    return out if out.schema.equals(agg.schema) else out.cast(agg.schema)
+
+
+_TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$(\d+)")
+
+
 _TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$(\d+)")
 
 

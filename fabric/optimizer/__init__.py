@@ -20,6 +20,7 @@ from dsl.errors import FabricError
 from fabric.optimizer.dynamic_filters import dynamic_filters
 from fabric.optimizer.factor_or import factor_or
 from fabric.optimizer.join_order import join_order
+from fabric.optimizer.push_aggregate import push_aggregate
 from fabric.optimizer.push_filters import push_filters
 from fabric.optimizer.push_limit import push_limit
 from fabric.optimizer.push_projection import push_projection
@@ -32,6 +33,7 @@ RULES: tuple[Rule, ...] = (
     push_filters,
     join_order,
     dynamic_filters,
+    push_aggregate,
     push_projection,
     push_limit,
 )

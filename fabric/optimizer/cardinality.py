@@ -96,6 +96,8 @@ class Estimator:
         return max(1, int(self._rows(node, dynamic)))
 
     def _rows(self, node: Plan, dynamic: bool) -> float:
+        if isinstance(node, Scan) and node.aggregate is not None:
+            return self.grouped(node.aggregate.group_by, self.scan_rows(node, dynamic=dynamic))
         if isinstance(node, Scan):
             return self.scan_rows(node, dynamic=dynamic)
         if isinstance(node, VectorSearch):
@@ -114,16 +116,7 @@ class Estimator:
                 node, self._rows(node.left, dynamic), self._rows(node.right, dynamic)
             )
         if isinstance(node, Aggregate):
-            below = self._rows(node.input, dynamic)
-            if not node.group_by:
-                return 1
-            prod = 1.0
-            for _, e, _ in node.group_by:
-                d = self.ndv(e) if isinstance(e, Column) else None
-                if d is None:
-                    return max(1.0, below / 10)
-                prod *= d
-            return min(below, prod)
+            return self.grouped(node.group_by, self._rows(node.input, dynamic))
         if isinstance(node, Limit):
             return min(node.n, self._rows(node.input, dynamic))
         if isinstance(node, Derive | Project | Sort | UserFunction | EncryptedScore):
@@ -131,6 +124,19 @@ class Estimator:
         if isinstance(node, StageRef | Stage | WithStages):  # a stage's rows: its plan's
             return self._rows(node.input, dynamic)
         return UNKNOWN_ROWS
+
+    def grouped(self, group_by: Any, below: float) -> float:
+        """Groups of ``below`` rows by ``group_by``: the product of the keys' distinct
+        counts (at most ``below``), else a tenth of the rows; one row without keys."""
+        if not group_by:
+            return 1
+        prod = 1.0
+        for _, e, _ in group_by:
+            d = self.ndv(e) if isinstance(e, Column) else None
+            if d is None:
+                return max(1.0, below / 10)
+            prod *= d
+        return min(below, prod)
 
     def scan_rows(self, scan: Scan, *, dynamic: bool = True) -> float:
         st = self.stats(scan.uri)

@@ -321,6 +321,10 @@ def _target(big: Plan, key: Column) -> tuple[Scan, str] | None:
         if key.qualified in derived_names(node):
             return None
         if isinstance(node, Scan):
+            if node.aggregate is not None and not any(
+                e == key for _, e, _ in node.aggregate.group_by
+            ):
+                return None  # aggregated at the source: only a group key filters its input
             return (node, key.name) if node.alias == key.source else None
         if isinstance(node, StageRef):
             if key.source != node.alias:

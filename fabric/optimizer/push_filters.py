@@ -103,6 +103,8 @@ def _push(node: Plan, c: Expr, catalog: Any) -> Plan | None:
 
 
 def _into_scan(scan: Scan, c: Expr, catalog: Any) -> Plan:
+    if scan.aggregate is not None:  # a filter over the groups (HAVING) stays above them
+        return _wrap(scan, [c])
     uq = unqualify(c)
     if uq in scan.exact:
         return scan

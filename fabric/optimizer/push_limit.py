@@ -55,7 +55,7 @@ def _push(limit: Limit, catalog: Any) -> Plan | None:
     if not isinstance(node, Scan):
         return None
     scan = node
-    if scan.inexact or scan.dynamic or scan.latest_by:
+    if scan.inexact or scan.dynamic or scan.latest_by or scan.aggregate is not None:
         return None
     caps = capabilities(catalog, scan.uri)
     if "limit" not in caps or (keys and "order_by" not in caps):

@@ -53,6 +53,8 @@ def _cols(*exprs: Expr) -> set[str]:
 
 
 def _prune(node: Plan, need: set[str], extra: set[str]) -> Plan:
+    if isinstance(node, Scan) and node.aggregate is not None:
+        return node  # aggregated at the source: it reads what its aggregate uses
     if isinstance(node, Scan):
         cols = tuple(n for n in node.source_schema.names if f"{node.alias}.{n}" in need)
         if not cols:

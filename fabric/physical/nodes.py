@@ -32,6 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from connectors.base import Aggregation
 from dsl.ast import Expr
 from dsl.errors import FabricError
 from fabric.plan.nodes import (
@@ -92,6 +93,8 @@ class SourceUnit(Physical):
     filters: tuple[Expr, ...]  # exact + inexact (Scan) / filters (VectorSearch), now() bound
     text: Mapping[str, tuple[str, ...]] = field(repr=False)  # for stats
     placement: str = "pool"
+    #: the Scan's pushed aggregate over the source's own column names (its ScanRequest's)
+    aggregate: Aggregation | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.leaf, Scan | VectorSearch):

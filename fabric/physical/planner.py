@@ -28,10 +28,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from connectors.arrow_expr import is_constant
-from dsl.ast import Call, Exists, Expr, Like, Param, Star, unqualify
+from dsl.ast import Call, Column, Exists, Expr, Like, Param, Star, unqualify
 from dsl.ast import replace as replace_expr
 from dsl.types import is_stage_param
 from fabric import functions
+from fabric.optimizer.push_aggregate import unqualified
 from fabric.physical.nodes import (
     CkksScore,
     DuckDBRegion,
@@ -143,6 +144,9 @@ def exprmap(node: Plan) -> dict[Expr, str]:
         return {e: n for n, e, _ in node.items}
     if isinstance(node, Aggregate):
         return {e: n for n, e, _ in (*node.group_by, *node.aggregates)}
+    if isinstance(node, Scan) and node.aggregate is not None:  # aggregated at the source
+        agg = node.aggregate
+        return {e: n for n, e, _ in (*agg.group_by, *agg.aggregates)}
     if isinstance(node, Filter | Sort | Limit):
         return exprmap(node.input)
     return {}
@@ -153,6 +157,10 @@ def unary_engine(node: Plan) -> tuple[str, str]:
     from fabric.execute.sql import substitute
 
     below = exprmap(node.children()[0]) if node.children() else {}
+    if _over_source_aggregate(node) and not all(isinstance(e, Column) for e in node_exprs(node)):
+        # what it computes from the groups is computed as above an Aggregate: DuckDB's
+        # DECIMAL arithmetic (pyarrow's 0.5 * a decimal(38,2) sum overflows, TPC-H Q20)
+        return "duckdb", "over an aggregate computed at its source"
     for e in node_exprs(node):
         why = pyarrow_lacks(substitute(e, below))
         if why is not None:
@@ -310,6 +318,11 @@ class _Planner:
             requires=requires,
             filters=filters,
             text=text,
+            aggregate=(
+                unqualified(leaf.aggregate)
+                if isinstance(leaf, Scan) and leaf.aggregate is not None
+                else None
+            ),
         )
 
     def region(self, top: Plan) -> DuckDBRegion:

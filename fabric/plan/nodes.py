@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from connectors.base import Aggregation
 from dsl.ast import Call, Column, Exists, Expr, SortKey, conjuncts
 from dsl.errors import FabricError
 from dsl.spec import SandboxLimits as SandboxLimitsSpec  # a binding's pushdown.limits
@@ -100,6 +101,8 @@ def _outputs(plan: Plan) -> dict[Expr, str]:
         return {e: n for n, e, _ in plan.items}
     if isinstance(plan, Aggregate):
         return {e: n for n, e, _ in (*plan.group_by, *plan.aggregates)}
+    if isinstance(plan, Scan) and plan.aggregate is not None:
+        return {e: n for n, e, _ in (*plan.aggregate.group_by, *plan.aggregate.aggregates)}
     return {}
 
 
@@ -163,7 +166,10 @@ class Scan(Plan):
 
     After pushdown: ``projection`` (None: all columns), ``exact`` filters the source
     applies fully, ``inexact`` filters it applies partially (a Filter above re-checks
-    them), ``limit``/``order_by`` only when all pushed filters are exact.
+    them), ``limit``/``order_by`` only when all pushed filters are exact. ``aggregate``:
+    the source groups the filtered rows itself (``push_aggregate``); the scan's output is
+    then the aggregate's (its names and types, as the Aggregate it replaced), and
+    ``projection`` the columns the aggregate reads.
     """
 
     alias: str
@@ -178,15 +184,32 @@ class Scan(Plan):
     dynamic: tuple[DynamicFilter, ...] = ()
     freshness: Freshness | None = None
     estimated_rows: int | None = None
+    aggregate: Aggregation | None = None
 
     def __post_init__(self) -> None:
         names = set(self.source_schema.names)
         for c in (self.projection or ()) + self.latest_by:
             if c not in names:
                 raise PlanError(f"scan {self.alias}: no column {c!r} in {self.uri}")
+        if self.aggregate is not None:
+            if self.limit is not None or self.order_by or self.latest_by or self.inexact:
+                raise PlanError(
+                    f"scan {self.alias}: an aggregate under a limit, order, latest_by or "
+                    "inexact filter"
+                )
+            items = (*self.aggregate.group_by, *self.aggregate.aggregates)
+            for _, e, _ in items:
+                for c in e.columns():
+                    if c.source != self.alias or c.name not in (self.projection or names):
+                        raise PlanError(
+                            f"scan {self.alias}: its aggregate reads {c.qualified}, not a "
+                            f"projected column of {self.uri}"
+                        )
 
     @property
     def schema(self) -> pa.Schema:
+        if self.aggregate is not None:
+            return self.aggregate.schema
         s = self.source_schema
         if self.projection is not None:
             s = pa.schema([s.field(n) for n in self.projection])
@@ -208,6 +231,8 @@ class Scan(Plan):
             parts.append(f"order_by={_exprs(self.order_by)}")
         if self.limit is not None:
             parts.append(f"limit={self.limit}")
+        if self.aggregate is not None:
+            parts.append(f"aggregate=({self.aggregate})")
         if self.freshness:
             parts.append(f"freshness=({self.freshness})")
         if self.estimated_rows is not None:

@@ -327,6 +327,8 @@ class RayScans:
         """The batches of the scan read by Ray tasks, and what ran; None: run it locally."""
         if request.limit is not None or request.order_by or request.latest_by:
             return None
+        if request.aggregate is not None:  # one answer over all rows: not split in tasks
+            return None
         if request.time_range is not None:
             return None
         est = self.estimate(source, scan)
