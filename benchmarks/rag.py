@@ -40,6 +40,7 @@ server) through a connection with ``rate_limit: {per_second: R, burst: 5}`` for
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -364,10 +365,15 @@ def multihop(fab: Any, db: VectorDB, exact: Exact, qs: list[np.ndarray], warmup:
     times: dict[str, list[float]] = {w: [] for w in ways}
     agree: dict[str, int] = dict.fromkeys(ways, 0)
     untied = 0
+    # each way runs first, second, third, and right after each other way, equally often
+    # (all 6 orders in turn): none always follows the same other way
+    orders = list(itertools.permutations(ways))
+    refs = [exact(q) for q in qs]  # the oracle first, never between the timed calls
     for i, q in enumerate(qs):
-        ref, tie = exact(q)
+        ref, tie = refs[i]
         untied += i >= warmup and not tie
-        for w, fn in ways.items():
+        for w in orders[i % len(orders)]:
+            fn = ways[w]
             t0 = time.perf_counter()
             got = fn(q)
             ms = (time.perf_counter() - t0) * 1000
@@ -401,8 +407,8 @@ def cache_replay(fab: Any, n: int, seed: int) -> None:
     rows = dict.fromkeys(names, 0)
     hits = dict.fromkeys(names, 0)
     hit_ms: list[float] = []
-    for q in log:  # interleaved: both runs see the same machine load
-        for name in names:
+    for i, q in enumerate(log):  # interleaved: both runs see the same machine load
+        for name in names if i % 2 else names[::-1]:  # each first in turn
             t0 = time.perf_counter()
             res = fab.query(name, {"q": q})
             times[name].append((time.perf_counter() - t0) * 1000)

@@ -495,7 +495,7 @@ def _pushdown(y: YamlText, doc: YamlMap) -> PushdownSpec:
     return PushdownSpec(code, limits, params, y.file, ln, col, span=y.key_span(m, "python"))
 
 
-CACHE_KEYS = ("by", "similarity", "ttl", "model", "dim", "max_entries")
+CACHE_KEYS = ("by", "similarity", "ttl", "model", "dim", "max_entries", "max_mb", "prewarm")
 _CACHE_BY = re.compile(
     r"^\s*\{\{\s*(?:(?P<embed>embed)\(\s*session\.(?P<t>\w+)\s*\)|session\.(?P<v>\w+))\s*\}\}\s*$"
 )
@@ -559,6 +559,26 @@ def _cache(y: YamlText, doc: YamlMap, session: tuple[SessionParam, ...]) -> Cach
             )
         ints[key] = v
     model = str(m.get("model", "hash"))
+    max_bytes = None
+    if "max_mb" in m:
+        mb = m["max_mb"]
+        if isinstance(mb, bool) or not isinstance(mb, int | float) or mb <= 0:
+            raise y.error(
+                f"cache max_mb must be a positive number of megabytes, got {mb!r}",
+                y.value_span(m, "max_mb"),
+                "the memory the cached answers may take, e.g. max_mb: 64",
+            )
+        max_bytes = int(mb * 1024 * 1024)
+    prewarm = None
+    if "prewarm" in m:
+        prewarm = m["prewarm"]
+        if not isinstance(prewarm, str) or not prewarm.strip():
+            raise y.error(
+                f"cache prewarm must be the path of a JSON Lines file, got {prewarm!r}",
+                y.value_span(m, "prewarm"),
+                "write prewarm: sessions.jsonl (one session object a line, relative to "
+                "this binding file)",
+            )
     return CacheSpec(
         pname,
         embed,
@@ -567,5 +587,8 @@ def _cache(y: YamlText, doc: YamlMap, session: tuple[SessionParam, ...]) -> Cach
         float(sim),
         tuple(ttl),
         ints["max_entries"],
+        max_bytes,
+        prewarm,
+        y.value_span(m, "prewarm") if prewarm is not None else None,
         span=y.key_span(doc, "cache"),
     )

@@ -156,6 +156,11 @@ class CacheSpec:
     similarity: float = 0.92
     ttl: tuple[tuple[str, float], ...] = ()
     max_entries: int = 1024
+    #: the bound of the cached answers' memory in bytes (``max_mb``), None: no bound
+    max_bytes: int | None = None
+    #: ``prewarm:`` a JSON Lines file of sessions, as written (relative to the binding file)
+    prewarm: str | None = None
+    prewarm_span: Span | None = field(default=None, compare=False)
     span: Span | None = _span()  # noqa: RUF009
 
 

@@ -87,6 +87,7 @@ class Fabric:
         if not offline:
             try:
                 self._start_datasets(ingest)
+                self._prewarm_declared()  # cache: {prewarm: FILE} of the bindings
             except BaseException:
                 self.close()
                 raise
@@ -351,14 +352,57 @@ class Fabric:
         once); returns the cache's counters."""
         for s in sessions:
             self.query(name, s)
+            self._cache_count(name, "prewarmed")
         return self.cache_metrics(name)
 
+    def _prewarm_declared(self) -> None:
+        """Run the sessions of every ``cache: {prewarm: FILE}`` (fabric/semantic_cache.py,
+        ``prewarm_sessions``): a missing or bad file, or a session value of the wrong type,
+        fails the open with its position; a session whose query fails is logged and
+        counted (``prewarm_failed``), the fabric still opens."""
+        from fabric.semantic_cache import prewarm_sessions
+
+        for name in self.bindings.names():
+            try:
+                spec = self.bindings.spec(name)
+            except LookupError:
+                continue
+            if spec.cache is None or spec.cache.prewarm is None:
+                continue
+            try:
+                compiled = self.binding(name)
+            except DslError as e:  # reported by validate(); nothing to prewarm
+                log.warning("binding %s does not compile; not prewarmed:\n%s", name, e.format())
+                continue
+            path = Path(spec.file)
+            path = path if path.is_absolute() else self.config.root / path
+            for s in prewarm_sessions(spec, path, spec.file, compiled.bind):
+                try:
+                    self.query(name, s)
+                except Exception as e:
+                    log.warning("binding %s: a prewarm session failed: %s", name, e)
+                    self._cache_count(name, "prewarm_failed")
+                else:
+                    self._cache_count(name, "prewarmed")
+
+    def _cache_count(self, name: str, counter: str) -> None:
+        with self._cache_lock:
+            found = [c for (n, _), (c, _) in self._caches.items() if n == name]
+        if found:
+            found[0].count(counter)
+
     def cache_metrics(self, name: str) -> dict[str, Any]:
-        """Hits, misses by reason, invalidations, expirations, evictions and entries of
-        binding ``name``'s semantic cache (empty when it has none or never ran)."""
+        """Hits, misses by reason, invalidations, expirations, evictions, entries and bytes
+        of binding ``name``'s semantic cache (empty when it has none or never ran)."""
         with self._cache_lock:
             found = [c for (n, _), (c, _) in self._caches.items() if n == name]
         return found[0].metrics() if found else {}
+
+    def cache_metrics_all(self) -> dict[str, dict[str, Any]]:
+        """``cache_metrics`` of every binding whose cache has run (``/metrics`` reads it)."""
+        with self._cache_lock:
+            caches = {n: c for (n, _), (c, _) in self._caches.items()}
+        return {n: c.metrics() for n, c in caches.items()}
 
     def compile_text(
         self, text: str, session: Mapping[str, Any] | None = None, *, python: str | None = None

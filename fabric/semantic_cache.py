@@ -25,19 +25,26 @@ fresher than it is: its ``freshness`` is the cached one, and ``res.stats['cache'
 ``hit`` with the similarity, the age and the entry, or ``miss`` and why (``no similar
 question``, ``other session values differ``, ``source advanced: <uri>``, ``expired (ttl
 <s> s for <kind>)``, ``not stored: stale``). Entries are evicted least recently used beyond
-``max_entries``; counters: hits, misses by reason, invalidations, evictions
-(:meth:`SemanticCache.metrics`). ``Fabric.prewarm(name, sessions)`` fills the cache from
-representative sessions at start-up.
+``max_entries`` or beyond ``max_mb`` megabytes (an entry's bytes: its answer's Arrow
+buffers, its question vector and other session values, plus ``ENTRY_OVERHEAD``); counters:
+hits, misses by reason, invalidations, evictions, bytes (:meth:`SemanticCache.metrics`;
+on ``fabric serve``'s ``/metrics`` through :class:`CacheCollector`).
+``Fabric.prewarm(name, sessions)`` fills the cache from representative sessions, and a
+``prewarm: sessions.jsonl`` of the ``cache:`` (one JSON object of session values a line,
+the path relative to the binding file, read by :func:`prewarm_sessions`) does so when
+the fabric opens.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +53,9 @@ from dsl.spec import CacheSpec
 
 #: candidates taken from the HNSW index per lookup (then checked for the other values)
 CANDIDATES = 16
+#: bytes counted per entry beyond its answer's buffers, vector and session values (the
+#: entry object, its stats and source states)
+ENTRY_OVERHEAD = 512
 
 
 def source_state(source: Any) -> tuple[str, Any] | None:
@@ -81,6 +91,7 @@ class _Entry:
     kinds: dict[str, str]  # uri -> kind
     created: float = field(default_factory=time.monotonic)
     hits: int = 0
+    nbytes: int = 0
 
 
 def _canonical(values: Mapping[str, Any]) -> str:
@@ -118,11 +129,15 @@ class SemanticCache:
             "hits": 0,
             "misses": 0,
             "stored": 0,
+            "not_stored": 0,
             "invalidations": 0,
             "expirations": 0,
             "evictions": 0,
+            "prewarmed": 0,
+            "prewarm_failed": 0,
         }
         self.miss_reasons: dict[str, int] = {}
+        self.bytes = 0  # of the entries kept
 
     # ---------------------------------------------------------------- keys
 
@@ -223,9 +238,11 @@ class SemanticCache:
 
     def _drop(self, label: int, counter: str) -> None:
         with self._lock:
-            if self._entries.pop(label, None) is not None:
+            e = self._entries.pop(label, None)
+            if e is not None:
                 self._index.mark_deleted(label)
                 self._free.append(label)
+                self.bytes -= e.nbytes
                 self.counters[counter] += 1
 
     def store(
@@ -237,17 +254,24 @@ class SemanticCache:
         kinds: dict[str, str],
     ) -> str | None:
         """Keep ``result``; the reason when it is not kept."""
-        if result.partial:
-            return "partial"
-        if result.stale:
-            return "stale"
-        if result.unverified:
-            return "unverified"
+        why = self._unkept(result)
+        limit = self.spec.max_bytes
+        nbytes = entry_bytes(result, vec, group) if why is None else 0
+        if why is None and limit is not None and nbytes > limit:
+            why = f"larger than max_mb ({nbytes} bytes > {limit})"
+        if why is not None:
+            with self._lock:
+                self.counters["not_stored"] += 1
+            return why
         with self._lock:
-            while len(self._entries) >= self.spec.max_entries:
-                old, _ = self._entries.popitem(last=False)
+            while self._entries and (
+                len(self._entries) >= self.spec.max_entries
+                or (limit is not None and self.bytes + nbytes > limit)
+            ):
+                old, gone = self._entries.popitem(last=False)
                 self._index.mark_deleted(old)
                 self._free.append(old)
+                self.bytes -= gone.nbytes
                 self.counters["evictions"] += 1
             if self._free:
                 label = self._free.pop()
@@ -257,14 +281,32 @@ class SemanticCache:
                 self._next += 1
                 self._index.add_items(vec[None, :], [label])
             self._entries[label] = _Entry(label, group, vec, result, states, kinds)
+            self._entries[label].nbytes = nbytes
+            self.bytes += nbytes
             self.counters["stored"] += 1
         return None
+
+    @staticmethod
+    def _unkept(result: Any) -> str | None:
+        if result.partial:
+            return "partial"
+        if result.stale:
+            return "stale"
+        if result.unverified:
+            return "unverified"
+        return None
+
+    def count(self, counter: str) -> None:
+        with self._lock:
+            self.counters[counter] = self.counters.get(counter, 0) + 1
 
     def metrics(self) -> dict[str, Any]:
         with self._lock:
             return {
                 **self.counters,
                 "entries": len(self._entries),
+                "bytes": self.bytes,
+                "max_bytes": self.spec.max_bytes,
                 "miss_reasons": dict(self.miss_reasons),
             }
 
@@ -274,6 +316,154 @@ class SemanticCache:
                 self._index.mark_deleted(lbl)
                 self._free.append(lbl)
             self._entries.clear()
+            self.bytes = 0
+
+
+def entry_bytes(result: Any, vec: np.ndarray, group: str) -> int:
+    """What keeping ``result`` costs: its table's Arrow buffers (a slice counts the buffers
+    it keeps alive), the question vector, the other session values, ``ENTRY_OVERHEAD``."""
+    table = getattr(result, "table", None)
+    held = table.get_total_buffer_size() if table is not None else 0
+    return int(held + vec.nbytes + len(group.encode()) + ENTRY_OVERHEAD)
+
+
+# ---------------------------------------------------------------- prewarm and /metrics
+
+
+def prewarm_sessions(spec: Any, binding_file: Path, display: str, bind: Any) -> list[dict]:
+    """The sessions of ``cache: {prewarm: FILE}``: ``FILE`` (relative to ``binding_file``)
+    holds one JSON object of session values a line (blank lines skipped); each is checked
+    by ``bind`` (the binding's session types). A missing file is an error at the
+    ``prewarm:`` value of the binding; a line that is not JSON, not an object, or has a
+    session value of the wrong type, at that line of the file (``display``: the file as
+    errors name it)."""
+    from dsl.errors import Diagnostic, DslError, Span
+    from dsl.types import SessionError
+
+    cache = spec.cache
+    path = binding_file.parent / cache.prewarm
+    shown = str(Path(display).parent / cache.prewarm) if display else str(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise DslError.at(
+            f"cache prewarm: cannot read {shown}: {e.strerror or e}",
+            cache.prewarm_span,
+            "the path is relative to the binding file; write one JSON object of session "
+            "values a line",
+        ) from None
+    out: list[dict] = []
+    problems: list[Diagnostic] = []
+    for n, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as e:
+            problems.append(
+                Diagnostic(
+                    f"cache prewarm: not JSON: {e.msg}",
+                    Span(shown, n, e.colno),
+                    'one JSON object a line, e.g. {"q": [0.1, 0.2], "symbol": "ACME"}',
+                    source_line=text,
+                )
+            )
+            continue
+        if not isinstance(values, dict):
+            problems.append(
+                Diagnostic(
+                    f"cache prewarm: a line must be a JSON object of session values, "
+                    f"not {type(values).__name__}",
+                    Span(shown, n, 1),
+                    'e.g. {"q": [0.1, 0.2], "symbol": "ACME"}',
+                    source_line=text,
+                )
+            )
+            continue
+        try:
+            bind(values)
+        except SessionError as e:
+            for d in e.diagnostics:
+                named = re.search(r"session value '(\w+)'", d.message)
+                col = text.find(f'"{named[1]}"') + 1 if named else 0
+                problems.append(
+                    Diagnostic(
+                        f"cache prewarm: {d.message}",
+                        Span(shown, n, max(col, 1)),
+                        d.hint,
+                        source_line=text,
+                    )
+                )
+            continue
+        out.append(values)
+    if problems:
+        raise DslError(problems)
+    return out
+
+
+def reason_kind(reason: str) -> str:
+    """A miss reason without its detail (a URI, a TTL), for a bounded metric label."""
+    return re.split(r"[:(]", reason, maxsplit=1)[0].strip()
+
+
+class CacheCollector:
+    """The semantic caches' series for Prometheus (``fabric serve``'s ``/metrics``), read
+    at scrape time from ``caches()`` (binding -> :meth:`SemanticCache.metrics`):
+
+    - ``fabric_cache_hits_total{binding}``, ``fabric_cache_misses_total{binding, reason}``
+      (the reason without its detail: ``source advanced``, ``expired``, ...);
+    - ``fabric_cache_stored_total``, ``fabric_cache_invalidations_total``,
+      ``fabric_cache_expirations_total``, ``fabric_cache_evictions_total{binding}``;
+    - ``fabric_cache_entries{binding}``, ``fabric_cache_bytes{binding}`` (gauges).
+    """
+
+    def __init__(self, caches: Callable[[], Mapping[str, Mapping[str, Any]]]):
+        self.caches = caches
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snap = self.caches()
+        hits = CounterMetricFamily(
+            "fabric_cache_hits", "Semantic cache hits per binding", labels=["binding"]
+        )
+        misses = CounterMetricFamily(
+            "fabric_cache_misses",
+            "Semantic cache misses per binding and reason",
+            labels=["binding", "reason"],
+        )
+        counters = {
+            k: CounterMetricFamily(f"fabric_cache_{k}", text, labels=["binding"])
+            for k, text in (
+                ("stored", "Answers kept in the semantic cache"),
+                ("invalidations", "Cached answers dropped because a source advanced"),
+                ("expirations", "Cached answers dropped past their source's ttl"),
+                ("evictions", "Cached answers evicted (least recently used, max_entries/max_mb)"),
+            )
+        }
+        entries = GaugeMetricFamily(
+            "fabric_cache_entries", "Answers in the semantic cache", labels=["binding"]
+        )
+        nbytes = GaugeMetricFamily(
+            "fabric_cache_bytes", "Bytes held by the semantic cache", labels=["binding"]
+        )
+        for binding, m in sorted(snap.items()):
+            hits.add_metric([binding], m.get("hits", 0))
+            by_kind: dict[str, int] = {}
+            for reason, n in m.get("miss_reasons", {}).items():
+                k = reason_kind(reason)
+                by_kind[k] = by_kind.get(k, 0) + n
+            for k, n in sorted(by_kind.items()):
+                misses.add_metric([binding, k], n)
+            for k, fam in counters.items():
+                fam.add_metric([binding], m.get(k, 0))
+            entries.add_metric([binding], m.get("entries", 0))
+            nbytes.add_metric([binding], m.get("bytes", 0))
+        yield hits
+        yield misses
+        yield from counters.values()
+        yield entries
+        yield nbytes
 
 
 def uris_of(plan: Any) -> dict[str, str]:

@@ -460,13 +460,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         host = args.host or getattr(service.server_config, "host", None) or "127.0.0.1"
         if fab is not None:
+            from fabric.semantic_cache import CacheCollector
             from fabric.service import http as service_http
             from fabric.service import mcp as service_mcp
             from fabric.service.core import QueryService
             from fabric.service.flight import FlightThread
 
             qs = QueryService(fab)
-            routes, collectors = service_http.routes(qs), [qs.metrics]
+            # the semantic caches' hits, misses, invalidations, evictions, entries and bytes
+            collectors = [qs.metrics, CacheCollector(fab.cache_metrics_all)]
+            routes = service_http.routes(qs)
             if fab.tracer is not None:  # GET /v1/sessions/{id}/timeline, per-session cost
                 from fabric.tracing import http as tracing_http
 

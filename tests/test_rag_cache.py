@@ -272,6 +272,8 @@ cache: {by: "{{session.q}}"}
         ('{by: "{{session.q}}", ttl: {kafka: soon}}', "cache ttl kafka"),
         ('{by: "{{session.q}}", simlarity: 0.9}', "did you mean 'similarity'?"),
         ("{similarity: 0.9}", "cache needs 'by'"),
+        ('{by: "{{session.q}}", max_mb: 0}', "cache max_mb must be a positive number"),
+        ('{by: "{{session.q}}", prewarm: 3}', "cache prewarm must be the path of a JSON Lines"),
     ],
 )
 def test_cache_errors_are_positioned(cache: str, expected: str) -> None:
@@ -289,3 +291,144 @@ def test_prewarm_fills_the_cache_from_representative_sessions(fab: Any) -> None:
     res = ask(fab, at_cosine(qs[1], 0.96, 5))
     assert res.stats["cache"]["status"] == "hit"
     assert fab.cache_metrics("ask")["hits"] == 1
+
+
+def test_max_mb_bounds_the_cache_in_bytes(fab: Any, tmp_path: Path) -> None:
+    qs = [unit(np.random.default_rng(s).normal(size=DIM)) for s in (30, 31, 32)]
+    ask(fab, qs[0])
+    one = fab.cache_metrics("ask")["bytes"]  # one answer of 5 ids, its vector and values
+    assert one > 512
+    mb = 2.5 * one / (1024 * 1024)  # room for two such answers, not three
+    (tmp_path / "agents" / "capped.yaml").write_text(
+        binding(f'{{by: "{{{{session.q}}}}", ttl: {{dataset: 1h}}, max_mb: {mb:.9f}}}', "capped")
+    )
+    (tmp_path / "agents" / "tiny.yaml").write_text(
+        binding('{by: "{{session.q}}", ttl: {dataset: 1h}, max_mb: 0.0001}', "tiny")
+    )
+    fab.bindings.scan()
+    for q in qs:
+        assert ask(fab, q, name="capped").stats["cache"]["stored"]
+    m = fab.cache_metrics("capped")
+    assert m["entries"] == 2 and m["evictions"] == 1 and m["bytes"] <= m["max_bytes"], m
+    assert m["max_bytes"] == int(mb * 1024 * 1024)
+    assert ask(fab, qs[0], name="capped").stats["cache"]["status"] == "miss"  # the oldest
+    assert ask(fab, qs[2], name="capped").stats["cache"]["status"] == "hit"
+    # an answer larger than the whole bound (105 bytes) is not kept, and says why
+    c = ask(fab, qs[0], name="tiny").stats["cache"]
+    assert c["stored"] is False and c["not_stored"].startswith("larger than max_mb"), c
+    assert fab.cache_metrics("tiny")["entries"] == 0
+
+
+WARM = binding(
+    '{by: "{{session.q}}", similarity: 0.92, ttl: {dataset: 1h}, prewarm: sessions.jsonl}',
+    "warm",
+)
+
+
+def _warm_world(tmp_path: Path, sessions: str) -> Path:
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "fabric.yaml").write_text(FABRIC)
+    with fabric.open(tmp_path / "fabric.yaml", watch=False, ingest=False) as f:
+        f.dataset("news").upsert(rows(200))  # kept in the dataset's checkpoint
+    (tmp_path / "agents" / "warm.yaml").write_text(WARM)
+    (tmp_path / "agents" / "sessions.jsonl").write_text(sessions)
+    return tmp_path / "fabric.yaml"
+
+
+def test_prewarm_file_is_run_when_the_fabric_opens(tmp_path: Path) -> None:
+    import json
+
+    qs = [unit(np.random.default_rng(s).normal(size=DIM)) for s in (40, 41)]
+    lines = [json.dumps({"q": q.tolist(), "symbol": "ACME"}) for q in qs]
+    path = _warm_world(tmp_path, "\n".join(lines) + "\n\n")
+    with fabric.open(path, watch=False, ingest=False) as fab:
+        m = fab.cache_metrics("warm")
+        assert m["prewarmed"] == 2 and m["stored"] == 2 and m["entries"] == 2, m
+        res = fab.query("warm", {"q": at_cosine(qs[1], 0.96, 8).tolist(), "symbol": "ACME"})
+        assert res.stats["cache"]["status"] == "hit" and res.table.num_rows == 5
+
+
+@pytest.mark.parametrize(
+    ("sessions", "expected"),
+    [
+        (None, "agents/warm.yaml:9:"),
+        (
+            '{"q": [1, 0, 0, 0, 0, 0, 0, 0], "symbol": "ACME"}\n{"q": [1, 0,\n',
+            "agents/sessions.jsonl:2:",
+        ),
+        (
+            '["ACME"]\n',
+            "agents/sessions.jsonl:1:1: cache prewarm: a line must be a JSON object",
+        ),
+        (
+            '{"symbol": "ACME", "q": "hello"}\n',
+            "agents/sessions.jsonl:1:20: cache prewarm: binding 'warm': session value 'q'",
+        ),
+        (
+            '{"q": [1, 0, 0, 0, 0, 0, 0, 0]}\n',
+            "agents/sessions.jsonl:1:1: cache prewarm: binding 'warm': session value 'symbol'",
+        ),
+    ],
+    ids=["missing_file", "not_json", "not_an_object", "wrong_type", "missing_value"],
+)
+def test_prewarm_file_errors_are_positioned(
+    tmp_path: Path, sessions: str | None, expected: str
+) -> None:
+    path = _warm_world(tmp_path, sessions or "")
+    if sessions is None:
+        (tmp_path / "agents" / "sessions.jsonl").unlink()
+    with pytest.raises(DslError) as ei:
+        fabric.open(path, watch=False, ingest=False)
+    assert expected in str(ei.value), str(ei.value)
+
+
+def test_cache_series_on_fabric_serve_metrics(tmp_path: Path) -> None:
+    """``fabric serve`` prewarms at start-up and exports the caches' counters: after the
+    prewarm, a hit, misses, an invalidation (an upsert) and an eviction, /metrics says so."""
+    import json
+    import os
+    import re
+
+    from tests.test_service import Served
+
+    qs = [unit(np.random.default_rng(s).normal(size=DIM)) for s in (50, 51)]
+    lines = [json.dumps({"q": q.tolist(), "symbol": "ACME"}) for q in qs]
+    path = _warm_world(tmp_path, "\n".join(lines) + "\n")
+    (tmp_path / "agents" / "one.yaml").write_text(
+        binding('{by: "{{session.q}}", ttl: {dataset: 1h}, max_entries: 1}', "one")
+    )
+    token = "rag-cache-token-0123456789"
+    path.write_text(
+        FABRIC + 'agents:\n  a: {token: "${RAG_TOKEN}", bindings: ["*"], datasets: [news]}\n'
+    )
+    served = Served(path, {**os.environ, "RAG_TOKEN": token})
+    try:
+
+        def series(name: str, **labels: str) -> float:
+            want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            m = re.search(rf"^{name}\{{{want}\}} (\S+)$", served.metrics(), re.M)
+            return float(m[1]) if m else 0.0
+
+        assert series("fabric_cache_stored_total", binding="warm") == 2  # the prewarm
+        assert series("fabric_cache_entries", binding="warm") == 2
+        assert series("fabric_cache_bytes", binding="warm") > 0
+        remote = fabric.connect(served.grpc, token=token)
+        s = {"q": at_cosine(qs[0], 0.96, 9).tolist(), "symbol": "ACME"}
+        assert remote.query("warm", s).stats["cache"]["status"] == "hit"
+        remote.query("warm", {"q": at_cosine(qs[0], 0.3, 10).tolist(), "symbol": "ACME"})
+        remote.dataset("news").upsert(rows(1, seed=5))
+        assert remote.query("warm", s).stats["cache"]["reason"] == "source advanced: dataset://news"
+        for q in qs:
+            remote.query("one", {"q": q.tolist(), "symbol": "ACME"})
+        assert series("fabric_cache_hits_total", binding="warm") == 1
+        # the prewarm's two misses (empty, then no similar question) and the far question
+        assert series("fabric_cache_misses_total", binding="warm", reason="empty") == 1
+        assert (
+            series("fabric_cache_misses_total", binding="warm", reason="no similar question") == 2
+        )
+        assert series("fabric_cache_misses_total", binding="warm", reason="source advanced") == 1
+        assert series("fabric_cache_invalidations_total", binding="warm") == 1
+        assert series("fabric_cache_evictions_total", binding="one") == 1
+        assert series("fabric_cache_misses_total", binding="one", reason="empty") == 1
+    finally:
+        served.stop()
