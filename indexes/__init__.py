@@ -7,7 +7,7 @@ with HNSW (vectors), B-tree (ordered values) and inverted (keywords/tags) indexe
 
 from indexes.cost import CostModel, calibrate
 from indexes.dataset import Dataset
-from indexes.retrieval import STRATEGIES, RetrievalExplain
+from indexes.retrieval import STRATEGIES, RetrievalExplain, Strategy, register_strategy
 from indexes.spec import DatasetError, IndexSpec
 
 __all__ = [
@@ -17,5 +17,7 @@ __all__ = [
     "DatasetError",
     "IndexSpec",
     "RetrievalExplain",
+    "Strategy",
     "calibrate",
+    "register_strategy",
 ]

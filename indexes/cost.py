@@ -251,9 +251,11 @@ def _measure_graph(cm: CostModel, col: str, vi: Any, qs: np.ndarray) -> None:
 
 
 def _measure_overheads(cm: CostModel, ds: Any, rng: np.random.Generator) -> None:
-    """Fixed cost per strategy: median(actual - modelled work) on a 2 % B-tree range."""
+    """Fixed cost of every strategy in ``indexes.retrieval.STRATEGIES`` that declares a
+    ``calibration``: median(actual - modelled work), unfiltered or on a 2 % B-tree range."""
     from dsl.ast import Binary, Column, Literal
     from indexes.dataset import sample_rowids
+    from indexes.retrieval import STRATEGIES
 
     if not ds.vectors or not ds.btrees or len(ds.live) < 1000:
         return
@@ -272,17 +274,23 @@ def _measure_overheads(cm: CostModel, ds: Any, rng: np.random.Generator) -> None
     saved, ds.cost_model = ds.cost_model, cm
     cm.overheads = {}
     try:
-        for s in ("postfilter", "insearch", "prefilter", "exact"):
+        for s in list(STRATEGIES.values()):  # every registered strategy that says how
+            how = s.calibration
+            if how is None:
+                continue
             extra = []
-            w = where if s in ("insearch", "prefilter") else None  # small modelled work
-            for q in qs[: 10 if s in ("insearch", "exact") else 40]:
-                _, info = ds.search(col, q, 10, w, strategy=s, guards=False)
-                model = next(a.cost_ms for a in info.alternatives if a.strategy == s)
+            w = where if how.filtered else None  # small modelled work
+            for q in qs[: how.queries]:
+                _, info = ds.search(col, q, 10, w, strategy=s.name, guards=False)
+                model = next((a.cost_ms for a in info.alternatives if a.strategy == s.name), None)
+                if model is None:  # it does not answer this search
+                    continue
                 extra.append(
                     # planning is paid by every strategy alike: count it in the fixed cost
                     info.elapsed_ms - (model - cm.overhead_ms)
                 )
-            cm.overheads[s] = min(max(float(np.median(extra)), 0.005), 0.5)
+            if extra:
+                cm.overheads[s.name] = min(max(float(np.median(extra)), 0.005), 0.5)
     finally:
         ds.cost_model = saved if saved is not None else cm
         ds.feedback.clear()

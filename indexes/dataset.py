@@ -98,8 +98,11 @@ class Dataset:
         # the folder's inserts never block a write of fresh rows
         self.graph_lock = RWLock()
         self.directory: str | None = None
-        self.cost_model: Any = None  # indexes.cost.CostModel, loaded lazily
+        self.cost_model: Any = None  # indexes.cost.CostModel, loaded lazily (costs())
         self.feedback: dict[str, dict[str, float]] = {}  # filter -> strategy -> guard fire rate
+        # searches never change cost_model or feedback: each returns what it learned and
+        # learn() applies it under this lock (indexes.retrieval.Feedback)
+        self._learn_lock = threading.Lock()
         self.pred_cache: dict[tuple[str, int], Any] = {}  # (filter, version) -> compiled
         self.version = 0
         # growing segments are folded into the HNSW graphs by a background thread, in
@@ -435,6 +438,7 @@ class Dataset:
             fresh.upsert(table)
             fresh.flush()
             keep = {"lock", "graph_lock", "directory", "cost_model", "feedback", "version"}
+            keep.add("_learn_lock")
             keep.add("background_fold")
             keep |= {"max_growing", "fold_lock_ms", "fold_yield_ms", "_fold_wake", "_fold_cond"}
             keep |= {"_folder", "query_at"}
@@ -495,6 +499,31 @@ class Dataset:
             return None if r is None else self._rows(np.array([r]), columns).to_pylist()[0]
 
     # ------------------------------------------------------------------ queries
+    def costs(self) -> Any:
+        """The cost model searches plan with (``indexes.cost.CostModel``): the one set or
+        calibrated, else the default (~/.cache/fabric's calibration or the built-in
+        figures), loaded once."""
+        cm = self.cost_model
+        if cm is None:
+            from indexes.cost import CostModel
+
+            with self._learn_lock:
+                if self.cost_model is None:
+                    self.cost_model = CostModel.default()
+                cm = self.cost_model
+        return cm
+
+    def learn(self, feedback: Any) -> None:
+        """Apply what one search learned (``RetrievalExplain.feedback``: guard outcomes
+        for its filter, actual/modelled cost of what ran) -- the one place the guard fire
+        rates and the learned cost scales change, one search at a time."""
+        if feedback is None:
+            return
+        from indexes.retrieval import learn
+
+        with self._learn_lock:
+            learn(self, feedback)
+
     def search(
         self,
         column: str,
@@ -511,7 +540,9 @@ class Dataset:
         """k nearest live rows to ``query`` among rows satisfying ``where``.
 
         Returns (table with the requested columns + float32 ``_distance``, RetrievalExplain).
-        ``strategy`` forces one of 'postfilter', 'insearch', 'prefilter', 'exact'.
+        ``strategy`` forces one of ``indexes.retrieval.STRATEGIES`` (the built-ins
+        'postfilter', 'insearch', 'prefilter', 'exact', 'partition', and any registered).
+        What the search learned is applied here (``learn``), not inside the search.
         """
         from indexes.retrieval import search
 
@@ -529,6 +560,7 @@ class Dataset:
                 guards=guards,
                 graph_lock=self.graph_lock,
             )
+            self.learn(info.feedback)
             t0 = time.perf_counter()
             t = self._rows(rowids, columns)
             t = t.append_column(

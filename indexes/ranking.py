@@ -425,6 +425,7 @@ def rank(
                 v_ids, v_d, info.vector = retrieval.search(
                     ds, vector[0], vector[1], vector[2], where, params, strategy=strategy
                 )
+            ds.learn(info.vector.feedback)
         if text is not None:
             k_ids, k_s, info.keyword = keyword_search(
                 ds, text[0], text[1], text[2], where, params, strategy=keyword_strategy
