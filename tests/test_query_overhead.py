@@ -162,6 +162,20 @@ def test_reloaded_binding_runs_its_new_select_and_where(world: Any, tmp_path: Pa
         assert res.table.column("id").to_pylist() == table.column("id").to_pylist()
 
 
+def test_answer_has_the_plans_declared_schema(world: Any, tmp_path: Path) -> None:
+    """A plain select at the root is the answer as declared (not conformed again)."""
+    src, x = world
+    sel = "[n.score, n._distance, n.id, n.cl]"
+    with _open(tmp_path, src, {"b": _binding("b", "cl = 2", sel)}) as fab:
+        declared = fab.binding("b").runnable.schema
+        for i in range(3):
+            res = fab.query("b", session={"q": x[i]})
+            assert res.table.schema.equals(declared), (res.table.schema, declared)
+            assert res.table.schema.field("_distance").type == pa.float32()
+            d = res.table.column("_distance").to_numpy()
+            assert len(d) == K and np.all(np.diff(d) >= 0)
+
+
 def test_many_short_lived_plans_each_get_their_own_columns(world: Any, tmp_path: Path) -> None:
     """Compiled texts come and go (their plan objects are freed, their ids reused): a
     per-plan cache keyed by object identity must never hand one plan another's columns."""

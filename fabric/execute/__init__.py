@@ -183,12 +183,15 @@ def physical(plan: Plan, catalog: Any, binding: str) -> PhysicalPlan:
 
 class _PlanCache:
     """What the executor derives from a physical plan once, not per query: per plain
-    Project node, its input's column names, their positions, the output names and types."""
+    Project node, its input's column names, their positions, the output names and types,
+    and whether that output is the plan's answer as declared (no ``_conform`` then)."""
 
     __slots__ = ("projects",)
 
     def __init__(self) -> None:
-        self.projects: dict[int, tuple[list[str], list[int] | None, list[str], list[Any]]] = {}
+        self.projects: dict[
+            int, tuple[list[str], list[int] | None, list[str], list[Any], bool]
+        ] = {}
 
 
 _plan_caches: dict[int, tuple[weakref.ref[PhysicalPlan], _PlanCache]] = {}
@@ -257,6 +260,7 @@ class _Run:
         self._lock = threading.Lock()
         self.timeout = float(getattr(catalog, "scan_timeout", None) or DEFAULT_TIMEOUT)
         self.stage_tables: dict[str, pa.Table] = {}  # results of the stages run so far
+        self.conformed: pa.Table | None = None  # the answer, already of the plan's types
 
     # ------------------------------------------------------------ driver
     def run(self) -> Result:
@@ -293,7 +297,8 @@ class _Run:
                 self._cancelled = True  # units not yet started never start
                 for fut in (*self.futures.values(), *self._inner):
                     fut.cancel()
-        table = _conform(table, self.pp.schema)
+        if table is not self.conformed:
+            table = _conform(table, self.pp.schema)
         total_ms = (time.perf_counter() - t0) * 1000
         stats = {
             "sources": self.sources,
@@ -882,32 +887,20 @@ class _Run:
                 res = self._resolver(node.input, table, exprmap)
                 cols = [names.index(res(e)) for _, e, _ in node.items]
             out_names, types = [n for n, _, _ in node.items], [t for _, _, t in node.items]
-            hit = cache[id(node)] = (names, cols, out_names, types)
+            schema = self.pp.schema  # the root's answer needs no _conform when it has these
+            root = self.pp.root.logical is node and (schema.names, schema.types) == (
+                out_names,
+                types,
+            )
+            hit = cache[id(node)] = (names, cols, out_names, types, root)
         if hit[1] is None:
             return None
         out = table.select(hit[1]).rename_columns(hit[2])
-        return out if out.schema.types == hit[3] else None
-
-    def _plain_project(
-        self, node: Project, table: pa.Table, exprmap: dict[Expr, str]
-    ) -> pa.Table | None:
-        """A Project of plain columns of the declared types: select and rename (no
-        per-expression evaluation). The column positions are resolved once per plan and
-        input column names (``_PlanCache``); None: evaluate the items instead."""
-        names = table.schema.names
-        cache = _plan_cache(self.pp).projects
-        hit = cache.get(id(node))
-        if hit is None or hit[0] != names:
-            cols = None
-            if not exprmap and all(isinstance(e, Column) for _, e, _ in node.items):
-                res = self._resolver(node.input, table, exprmap)
-                cols = [names.index(res(e)) for _, e, _ in node.items]
-            out_names, types = [n for n, _, _ in node.items], [t for _, _, t in node.items]
-            hit = cache[id(node)] = (names, cols, out_names, types)
-        if hit[1] is None:
+        if out.schema.types != hit[3]:
             return None
-        out = table.select(hit[1]).rename_columns(hit[2])
-        return out if out.schema.types == hit[3] else None
+        if hit[4]:
+            self.conformed = out
+        return out
 
     def _values(self, e: Expr, table: pa.Table, res: Any, exprmap: dict[Expr, str]) -> Any:
         return functions.evaluate(
