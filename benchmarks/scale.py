@@ -188,7 +188,7 @@ def retrieval(args, cluster, costs) -> None:
     indexes = {"vec": {"kind": "hnsw", "metric": "l2"}}
     k = 10
     rows: list[list[object]] = []
-    shard_ms: dict[int, list[float]] = {}
+    parts: dict[int, dict[str, list[float]]] = {}
     lat: dict[str, list[float]] = {}
 
     def bench(name: str, search) -> None:
@@ -225,6 +225,7 @@ def retrieval(args, cluster, costs) -> None:
         return hit / (50 * k)
 
     recall["local"] = recall_of(lambda q: local.search("vec", q, k, columns=["id"])[0])
+    local_p50 = pct(lat["local"], 50)
     local.close()
     for n in args.shards:
         log(f"retrieval: {n} shard(s), building")
@@ -235,15 +236,28 @@ def retrieval(args, cluster, costs) -> None:
             ds.flush()
             build[f"{n} shards"] = time.perf_counter() - t0
             mem[f"{n} shards"] = max(ds.nbytes()) / 1e6
-            per: list[float] = []
 
-            def search(q, ds=ds, per=per):
-                t = ds.search("vec", q, k, columns=["id"])
-                per.extend(ds.last_shard_ms)
-                return t
+            def search(q, ds=ds):
+                return ds.search("vec", q, k, columns=["id"])
 
             bench(f"{n} shards", search)
-            shard_ms[n] = list(per)
+            # the model's pass, interleaved query by query so all three see the same load:
+            # the search (wall, each shard's own time), a no-op scatter/gather, and one
+            # whose shards keep their CPU busy as long as the local search's median
+            m = parts[n] = {"wall": [], "S": [], "maxS": [], "noop": [], "busy_o": []}
+            for q in queries:
+                t0 = time.perf_counter()
+                ds.search("vec", q, k, columns=["id"])
+                wall = (time.perf_counter() - t0) * 1e3
+                m["wall"].append(wall)
+                m["S"].extend(ds.last_shard_ms)
+                m["maxS"].append(max(ds.last_shard_ms))
+                t0 = time.perf_counter()
+                ds.ping("vec", q, k, columns=["id"])
+                m["noop"].append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                inner = ds.ping("vec", q, k, columns=["id"], busy_ms=local_p50)
+                m["busy_o"].append((time.perf_counter() - t0) * 1e3 - max(inner))
             recall[f"{n} shards"] = recall_of(search)
             ds.close()
     base = rows[0]
@@ -266,51 +280,72 @@ def retrieval(args, cluster, costs) -> None:
             for r in rows
         ],
     )
-    # the fan-out model (docs/scale.md): a query's latency = o(N) + the slowest of N shard
-    # searches, shard times drawn from the 1-shard run's distribution; the scatter/gather
-    # overhead o(N) = a + b (N - 1) is fitted on the 1- and 2-shard medians and checked at
-    # the larger shard counts
-    if 1 in shard_ms and 2 in shard_ms:
-        one = np.asarray(shard_ms[1])
-        sim = np.random.default_rng(1)
+    model(args, parts, cluster.cpus())
 
-        def slowest(n: int) -> np.ndarray:
-            return sim.choice(one, size=(20000, n)).max(axis=1)
 
-        o1 = pct(lat["1 shards"], 50) - float(np.median(slowest(1)))
-        o2 = pct(lat["2 shards"], 50) - float(np.median(slowest(2)))
-        a, b = o1, o2 - o1
-        pred_rows = []
-        for n in args.shards:
-            draws = slowest(n) + a + b * (n - 1)
-            meas = lat[f"{n} shards"]
-            pred_rows.append(
-                [
-                    f"{n} shards" + (" (fit)" if n <= 2 else " (check)"),
-                    pct(shard_ms[n], 50),
-                    pct(shard_ms[n], 99),
-                    a + b * (n - 1),
-                    np.percentile(draws, 50),
-                    pct(meas, 50),
-                    np.percentile(draws, 99),
-                    pct(meas, 99),
-                ]
-            )
-        table(
-            f"Fan-out model vs measured (ms): o(N) = {a:.2f} + {b:.2f} (N - 1), shard times "
-            "from the 1-shard run",
+def model(args, parts, cores: int) -> None:
+    """The fan-out model (docs/scale.md), its two parts measured apart in one interleaved
+    pass: a query's latency T(N) = o(N) + max(S_1 .. S_N), S_i a shard's own search time
+    (timed inside the actor), o(N) the rest (wall - the slowest shard's S). Predicted
+    from what does not contain the answer:
+
+    - max S: the max of N draws from the 1-shard run's S, times the waves the N shards
+      run in on ``cores`` CPUs (ceil(N / cores): shards beyond the cores wait for one);
+    - o(N): the same scatter/gather over the same N actors with each shard only keeping
+      its CPU busy as long as the local search's median (``ShardedDataset.ping``).
+    """
+    if 1 not in parts:
+        return
+    one = np.asarray(parts[1]["S"])
+    sim = np.random.default_rng(1)
+
+    def slowest(n: int) -> np.ndarray:
+        return sim.choice(one, size=(20000, n)).max(axis=1)
+
+    rows, pred = [], []
+    for n in args.shards:
+        m = parts[n]
+        waves = -(-n // cores)
+        o = np.asarray(m["wall"]) - np.asarray(m["maxS"])
+        rows.append(
             [
-                "mode",
-                "shard p50",
-                "shard p99",
-                "o(N)",
-                "pred p50",
-                "meas p50",
-                "pred p99",
-                "meas p99",
-            ],
-            pred_rows,
+                f"{n} shards",
+                pct(m["S"], 50),
+                pct(m["S"], 99),
+                pct(m["maxS"], 50),
+                float(np.median(slowest(n))),
+                waves,
+                float(np.median(o)),
+                pct(m["noop"], 50),
+                pct(m["busy_o"], 50),
+            ]
         )
+        draws = waves * slowest(n) + sim.choice(np.asarray(m["busy_o"]), size=20000)
+        p50, p99 = np.percentile(draws, 50), np.percentile(draws, 99)
+        m50, m99 = pct(m["wall"], 50), pct(m["wall"], 99)
+        pred.append([f"{n} shards", p50, m50, 100 * (p50 - m50) / m50, p99, m99])
+    table(
+        "Fan-out parts (ms), one interleaved pass: S = a shard's own search time; "
+        "o = wall - max S; no-op / busy = the same scatter/gather without a search "
+        "(busy: each shard spins the local search's median)",
+        [
+            "mode",
+            "S p50",
+            "S p99",
+            "max S p50",
+            "max of N 1-shard S p50",
+            "waves",
+            "o p50",
+            "no-op p50",
+            "busy o p50",
+        ],
+        rows,
+    )
+    table(
+        f"Fan-out model vs measured (ms): waves x max of N 1-shard S + busy o ({cores} CPUs)",
+        ["mode", "pred p50", "meas p50", "error %", "pred p99", "meas p99"],
+        pred,
+    )
 
 
 # ---------------------------------------------------------------- 3. federated

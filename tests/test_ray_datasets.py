@@ -131,6 +131,7 @@ def _fabric_yaml(tmp_path, kafka_bootstrap, topic: str, shards: int) -> str:
 
 @pytest.mark.servers
 @pytest.mark.kafka
+@pytest.mark.slow
 def test_a_kafka_fed_dataset_with_shards_serves_bindings_and_is_fresh_only_if_every_shard_is(
     ray_cluster, kafka_bootstrap, new_topic, tmp_path
 ) -> None:
@@ -164,6 +165,7 @@ def test_a_kafka_fed_dataset_with_shards_serves_bindings_and_is_fresh_only_if_ev
     assert "fabric.yaml:9:5:" in msg and "4 partition(s)" in msg and "shards: 4" in msg, msg
 
 
+@pytest.mark.slow
 def test_an_upsert_fed_dataset_with_shards_splits_rows_by_key(ray_cluster, tmp_path) -> None:
     import fabric
 

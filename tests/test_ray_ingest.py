@@ -23,7 +23,7 @@ from indexes.dataset import Dataset
 from tests import ray_support
 from tests.test_ingest import INDEXES, SCHEMA, Produced, doc
 
-pytestmark = [pytest.mark.ray, pytest.mark.servers, pytest.mark.kafka]
+pytestmark = [pytest.mark.ray, pytest.mark.servers, pytest.mark.kafka, pytest.mark.slow]
 
 ray_cluster = ray_support.ray_cluster
 

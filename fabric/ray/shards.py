@@ -96,6 +96,7 @@ class ShardActor:
         self.started_at = time.time()
         self.pid = os.getpid()
         self.ingestor: Any = None
+        self._last: tuple[pa.Table, Any] | None = None  # the last search's answer (ping)
         self.kafka = kafka
         if kafka is not None:
             from fabric.ingest.kafka import IngestOptions, KafkaIngestor
@@ -140,6 +141,15 @@ class ShardActor:
     def upsert(self, table: pa.Table) -> int:
         return self.dataset.upsert(table)
 
+    def ping(self, *args: Any, busy_ms: float = 0.0) -> tuple[Any, float, Any]:
+        """A search's call without the search (benchmarks/scale.py): the same arguments
+        in, ``busy_ms`` of CPU, and the previous search's answer out (same size)."""
+        t0 = time.perf_counter()
+        while (time.perf_counter() - t0) * 1000 < busy_ms:
+            pass
+        table, info = self._last if self._last is not None else (None, None)
+        return table, (time.perf_counter() - t0) * 1000, info
+
     def count(self) -> int:
         return self.dataset.count()
 
@@ -172,6 +182,7 @@ class ShardActor:
         )
         info = copy.copy(info)
         info.fallback = None  # the pinned values' posting matrices stay with the shard
+        self._last = (table, info)
         return table, (time.perf_counter() - t0) * 1000, info
 
     def scan(
@@ -392,6 +403,37 @@ class ShardedDataset:
         return sum(ray.get(refs))
 
     # ---- reads
+    def ping(
+        self,
+        column: str,
+        query: Any,
+        k: int,
+        where: Any = None,
+        params: Mapping[str, Any] | None = None,
+        *,
+        columns: Sequence[str] | None = None,
+        busy_ms: float = 0.0,
+    ) -> list[float]:
+        """``search``'s scatter/gather without the search (benchmarks/scale.py): every
+        shard gets the same call, keeps its CPU busy ``busy_ms`` and returns its previous
+        answer, merged as a search merges them; each shard's own ms."""
+        import ray
+
+        cols = None if columns is None else list(dict.fromkeys([*columns, self.key]))
+        q = np.asarray(query, dtype=np.float32)
+        parts = ray.get(
+            [
+                a.ping.remote(column, q, k, where, params, cols, None, True, busy_ms=busy_ms)
+                for a in self.actors
+            ]
+        )
+        tables = [t for t, _, _ in parts if t is not None and t.num_rows]
+        if tables:
+            merged = pa.concat_tables(tables)
+            keys = [("_distance", "ascending"), (self.key, "ascending")]
+            merged.take(pc.sort_indices(merged, sort_keys=keys)[:k])
+        return [ms for _, ms, _ in parts]
+
     def count(self) -> int:
         import ray
 
