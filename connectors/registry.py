@@ -69,6 +69,7 @@ _SQL_KEYS = (
 C = Capability
 _SQL_CAPS = frozenset({C.PROJECTION, C.LIMIT, C.ORDER_BY})
 _FILE_CAPS = frozenset({C.PROJECTION, C.LIMIT})
+_OBJECT_CAPS = _FILE_CAPS | {C.AGGREGATE}  # S3Source (s3, file): aggregates in its reader
 
 _BUILTIN = (
     ConnectorSpec("mysql", "connectors.sql:SqlConnection", _SQL_KEYS, _SQL_CAPS, "tables", "mysql"),
@@ -98,16 +99,18 @@ _BUILTIN = (
             "formats",
             "delimiter",
             "prefix",
+            "parquet_reader",
+            "cache_mb",
             "options",
         ),
-        _FILE_CAPS,
+        _OBJECT_CAPS,
         "objects",
     ),
     ConnectorSpec(
         "file",
         "connectors.s3:S3Connection",
         ("root", "format", "formats", "delimiter", "options"),
-        _FILE_CAPS,
+        _OBJECT_CAPS,
         "files",
     ),
     ConnectorSpec(
