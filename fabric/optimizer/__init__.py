@@ -24,6 +24,7 @@ from fabric.optimizer.push_aggregate import push_aggregate
 from fabric.optimizer.push_filters import push_filters
 from fabric.optimizer.push_limit import push_limit
 from fabric.optimizer.push_projection import push_projection
+from fabric.optimizer.stage_keys import stage_keys
 from fabric.plan.nodes import Plan
 
 Rule = Callable[[Plan, Any], Plan]
@@ -33,6 +34,7 @@ RULES: tuple[Rule, ...] = (
     push_filters,
     join_order,
     dynamic_filters,
+    stage_keys,
     push_aggregate,
     push_projection,
     push_limit,
