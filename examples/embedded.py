@@ -3,7 +3,7 @@ fabric on embedded defaults.
 
 ``run_example(scenario, here, args)`` generates the seed data with ``--seed`` and
 ``--scale`` (``examples/seed/data.py``), starts only the local servers the scenario reads
-(noida-db for Kafka, SecantusDB for MongoDB: ``fabric.demo_local.LocalStack``, child
+(noida-db for Kafka, SecantusDB for MongoDB: ``examples.demo_local.LocalStack``, child
 processes on free ports, stopped and removed when the block ends), loads the data into
 them, SQLite and a local directory, and opens the example's own ``fabric.yaml`` (which
 names only the connections that scenario uses) with those addresses.
@@ -65,8 +65,8 @@ def embedded(
 ) -> Iterator[tuple[Any, dict[str, str]]]:
     """(fabric, env) for ``here/fabric.yaml`` over the scenario's data on local servers."""
     import fabric
+    from examples.demo_local import LocalStack, load_for
     from fabric.config import load_config
-    from fabric.demo_local import LocalStack, load_for
 
     kafka, mongo = NEEDS[scenario]
     with LocalStack() as stack:

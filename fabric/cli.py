@@ -14,7 +14,7 @@ stderr; the binding's ``on_stale`` decides what a source still behind does. ``--
 0`` answers from the last checkpoint without ingesting (the lag still comes from the broker).
 fabric serve ...   (fabric.server)
 fabric mcp ...     (fabric.service.mcp)
-fabric demo ...    (fabric.demo)
+fabric demo ...    (examples.demo)
 """
 
 from __future__ import annotations
@@ -962,7 +962,7 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] == "--debug":
         debug, argv = True, argv[1:]
     if argv and argv[0] in ("serve", "demo", "mcp"):
-        module = {"serve": "fabric.server", "demo": "fabric.demo", "mcp": "fabric.service.mcp"}
+        module = {"serve": "fabric.server", "demo": "examples.demo", "mcp": "fabric.service.mcp"}
         return cmd_delegate(module[argv[0]], argv[1:])
     args = _parser().parse_args(argv)
     from connectors.base import SourceError

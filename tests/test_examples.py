@@ -23,6 +23,25 @@ def test_every_scenario_has_an_example_with_a_readme():
         assert f"python examples/{name}/agent.py" in readme, name  # says how to run it
 
 
+def test_the_core_packages_do_not_import_the_examples():
+    """The demo lives in examples/ (issue 20): no module of the core packages imports it;
+    the CLI only names ``examples.demo`` to delegate `fabric demo` to it."""
+    import ast
+
+    assert not list((ROOT / "fabric").glob("demo*.py"))
+    for pkg in ("fabric", "dsl", "connectors", "indexes", "crypto"):
+        for f in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                assert not any(n.split(".")[0] == "examples" for n in names), f
+
+
 def test_the_generator_is_seeded_and_sized():
     from examples.embedded import generate
 

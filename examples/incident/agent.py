@@ -27,9 +27,9 @@ if __package__ in (None, ""):  # run as a script: the checkout (or site-packages
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fabric import demo_incident
-    from fabric.demo import Check
-    from fabric.demo_local import LocalStack
+    from examples import demo_incident
+    from examples.demo import Check
+    from examples.demo_local import LocalStack
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--png", metavar="FILE", help="draw the lag and the agents' states here")

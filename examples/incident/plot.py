@@ -1,6 +1,6 @@
 """The incident as a picture: the stream's lag and each agent's state over time.
 
-``plot(record, path)`` draws what ``fabric.demo_incident.run(..., record=[...])`` sampled
+``plot(record, path)`` draws what ``examples.demo_incident.run(..., record=[...])`` sampled
 (one sample per signal and per catch-up poll) into a PNG: on top the lag in messages with
 the stale threshold (1000) and the fresh-again level (hysteresis: 500), and the moments
 ``data_stale`` / ``data_fresh`` were pushed; below, one lane per agent: holding a GPU,

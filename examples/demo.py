@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = None
     work = Path(tempfile.mkdtemp(prefix="fabric-demo-run-"))
     try:
-        from fabric.demo_local import DemoSetupError, LocalStack, describe
+        from examples.demo_local import DemoSetupError, LocalStack, describe
 
         t0 = time.perf_counter()
         if args.servers:
@@ -316,8 +316,8 @@ def _run(
     progress: Progress,
 ) -> int:
     import fabric
+    from examples.demo_local import Background, load_for, tables_for
     from examples.seed.data import generate
-    from fabric.demo_local import Background, load_for, tables_for
 
     keys = None
     if "risk" in only:  # CPU in tenseal while the loading waits on the servers
@@ -375,7 +375,7 @@ def _run(
                 fn()
                 timings[name] = time.perf_counter() - t1
     if "incident" in only:
-        from fabric import demo_incident
+        from examples import demo_incident
 
         t1 = time.perf_counter()
         demo_incident.run(env, check, cleanup_topic=args.servers, progress=progress)

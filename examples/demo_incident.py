@@ -71,9 +71,9 @@ def run(
     progress = progress or Progress()
 
     sys.path.insert(0, str(ROOT))
+    from examples.demo import title
     from examples.scheduler.scheduler import Scheduler, listen_udp
     from examples.seed.load import produce
-    from fabric.demo import title
 
     title("5. Incident: the headline stream falls 10^5 messages behind  (signals -> GPU scheduler)")
     topic = f"fabric_demo_headlines_{uuid.uuid4().hex[:6]}"
