@@ -47,10 +47,14 @@ p50 and recall@10 per way, ``query/search`` and the median of the per-query diff
 second process over ``git archive REV`` of this repository (its fabric, connectors,
 indexes), steered query by query with this one, so before and after are measured in one
 run on one machine state (``--rev REV``: ``now`` is ``git archive REV`` too, not this
-working tree):
+working tree). ``--baseline FILE`` (an older fabric/execute/__init__.py) adds, in the same
+process, ``query(old exec)``: fab.query's steps (binding, session check) with that
+executor, interleaved with the rest:
 
     .venv/bin/python benchmarks/query_overhead.py --side-by-side --n 200000 --queries 300
     .venv/bin/python benchmarks/query_overhead.py --side-by-side --n 200000 --baseline-rev HEAD~3
+    git show d61f3f7:fabric/execute/__init__.py > /tmp/old_execute.py
+    .venv/bin/python benchmarks/query_overhead.py --side-by-side --n 200000 --baseline /tmp/old_execute.py
 """
 
 from __future__ import annotations
@@ -298,7 +302,8 @@ class _Ways:
     """Part 4's measurements in one process (a worker steered by ``side_by_side``): the
     dataset with per-value graphs of ``cl``, one binding per point, the fabric."""
 
-    def __init__(self, n: int, nq: int, cache: str, ef: int) -> None:
+    def __init__(self, n: int, nq: int, cache: str, ef: int, baseline: str | None = None) -> None:
+        self.old = load_baseline(baseline)
         ds, attrs, took = build(n, cache)
         ds.set_ef("emb", ef)
         t = time.perf_counter()
@@ -336,6 +341,8 @@ class _Ways:
             for j in range(min(20, nq)):
                 for way in ("hnswlib", "numpy", "search", "query"):
                     self.run(i, j, way)
+                if self.old is not None:
+                    self.run(i, j, "query(old exec)")
 
     def run(self, i: int, j: int, way: str) -> tuple[float, list[int]]:
         p, q = self.pts[i], self.qs[j]
@@ -348,6 +355,19 @@ class _Ways:
         if way == "query":
             t = time.perf_counter()
             res = self.fab.query(f"p{i}", session={"q": q})
+            took = time.perf_counter() - t
+            return took, res.table.column(0).to_pylist()
+        if way == "query(old exec)":  # fab.query's steps with the --baseline executor
+            t = time.perf_counter()
+            compiled = self.fab.binding(f"p{i}")
+            params = compiled.bind({"q": q})
+            res = self.old(
+                compiled.runnable,
+                params,
+                self.fab.catalog,
+                binding=f"p{i}",
+                version=compiled.content_hash,
+            )
             took = time.perf_counter() - t
             return took, res.table.column(0).to_pylist()
         if way == "hnswlib":  # row ids are the ids here (one bulk load in id order)
@@ -374,11 +394,11 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def side_worker(n: int, nq: int, cache: str, ef: int) -> None:
+def side_worker(n: int, nq: int, cache: str, ef: int, baseline: str | None) -> None:
     """``--worker``: answer ``[point, query, way]`` lines on stdin with ``[seconds, ids]``."""
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # prints of the fabric go to stderr, not into the protocol
-    ways = _Ways(n, nq, cache, ef)
+    ways = _Ways(n, nq, cache, ef, baseline)
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
@@ -406,6 +426,8 @@ class _Worker:
             env["QUERY_OVERHEAD_ROOT"] = root
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--n", str(args.n)]
         cmd += ["--queries", str(args.queries), "--cache", args.cache, "--ef", str(args.ef)]
+        if root is None and args.baseline:
+            cmd += ["--baseline", os.path.abspath(args.baseline)]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
@@ -446,6 +468,8 @@ def side_by_side(args: argparse.Namespace) -> None:
     tasks = [("now", w) for w in ("hnswlib", "numpy", "search", "query")]
     if "before" in workers:
         tasks += [("before", "search"), ("before", "query")]
+    if args.baseline:
+        tasks.append(("now", "query(old exec)"))
     rng = np.random.default_rng(11)
     load0 = os.getloadavg()[0]
     res: list[dict[tuple[str, str], tuple[list[float], list[float]]]] = []
@@ -471,6 +495,8 @@ def side_by_side(args: argparse.Namespace) -> None:
     head += f" {'query/search':>12} {'query-search':>12}"
     if before:
         head += f" | {'search before':>14} {'query before':>14} {'q-s before':>10} {'query now/before':>16}"
+    if args.baseline:
+        head += f" | {'query(old exec)':>15} {'q-s old exec':>12} {'query/old':>9}"
     print(head)
 
     def cell(v: tuple[list[float], list[float]]) -> str:
@@ -493,6 +519,16 @@ def side_by_side(args: argparse.Namespace) -> None:
             line += (
                 f" | {cell(got[('before', 'search')]):>14} {cell(got[('before', 'query')]):>14}"
                 f" {paired('before'):10.3f} {p50('now', 'query') / p50('before', 'query'):15.2f}x"
+            )
+        if args.baseline:
+            old_qs = float(
+                np.median(
+                    np.subtract(got[("now", "query(old exec)")][0], got[("now", "search")][0])
+                )
+            )
+            line += (
+                f" | {cell(got[('now', 'query(old exec)')]):>15} {old_qs * 1e3:12.3f}"
+                f" {p50('now', 'query') / p50('now', 'query(old exec)'):8.2f}x"
             )
         print(line)
     print(
@@ -528,7 +564,7 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        side_worker(args.n, args.queries, args.cache, args.ef)
+        side_worker(args.n, args.queries, args.cache, args.ef, args.baseline)
         return
     if args.side_by_side:
         side_by_side(args)
