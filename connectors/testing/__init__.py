@@ -20,7 +20,8 @@ The suite checks the contract's shape, the schema, statistics, watermark, full s
 projection, 30 filter cases against plain-Python oracles (a filter claimed EXACT must be
 exact; one not taken is re-applied), limit and order, hostile session values, the
 unknown-column error, and that each scan reports its own ``request.metrics``
-(``connectors.base.ScanMetrics``) when another scan of the same source runs meanwhile. ``fabric_scan`` runs a scan the way the planner and executor do.
+(``connectors.base.ScanMetrics``) when another scan of the same source runs meanwhile.
+``fabric_scan`` runs a scan the way the planner and executor do.
 Needs pytest (``agent-data-fabric[dev]``); ``docs/contributing.md`` walks through a
 complete connector package using it.
 """
