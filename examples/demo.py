@@ -138,7 +138,7 @@ def finance(fab: Any, data: dict[str, pa.Table], check: Check, progress: Progres
     q = hash_embed(["how did the US market open today"])[0]
     symbols = ["AAPL", "NVDA", "SPY"]
     t0 = time.perf_counter()
-    with progress.step("first query (the sandbox's workers are starting)"):
+    with progress.step("first query (it waits for a sandbox worker if none is up yet)"):
         res = fab.query("market_open_news", session={"query_vec": q, "symbols": symbols})
     cold = (time.perf_counter() - t0) * 1000
     t0 = time.perf_counter()
@@ -149,9 +149,9 @@ def finance(fab: Any, data: dict[str, pa.Table], check: Check, progress: Progres
         "(nearest 20 among today's news on the symbols, one per symbol kept by the sandboxed snippet)"
     )
     print(
-        "  the first query waited for the sandbox's worker processes for pushdown.python "
-        "(started once per process, in the background since the fabric opened: "
-        f"docs/sandbox.md); the same query again: {warm:.1f} ms"
+        "  the sandbox's worker processes for pushdown.python start once per process, in "
+        "the background since the fabric opened (the first query waits only if the first "
+        f"worker is not up yet: docs/sandbox.md); the same query again: {warm:.1f} ms"
     )
     show(res.table)
     print("  freshness: " + ", ".join(f"{a}: {f.get('status')}" for a, f in res.freshness.items()))
