@@ -110,6 +110,7 @@ SERVER_KEYS = (
     "max_header_bytes",
     "flight_port",
     "query_workers",
+    "queue",
 )
 INGEST_KEYS = ("checkpoint_dir", "group_prefix", "batch_size", "enabled")
 EXECUTOR_KEYS = ("kind", "num_cpus", "address", "min_rows")
@@ -237,6 +238,8 @@ class ServerConfig:
     flight_port: int = 8815
     #: queries run at once, shared fairly between agents (fabric.service.auth)
     query_workers: int = 4
+    #: ``fair`` (round-robin between agents, each at most its max_concurrent) or ``fifo``
+    queue: str = "fair"
 
 
 @dataclass(frozen=True)
@@ -997,6 +1000,14 @@ def _server(L: _Loader, doc: YamlMap) -> ServerConfig:
         kw["flight_port"] = y.integer(m, "flight_port", "flight_port", 0)
     if "query_workers" in m:
         kw["query_workers"] = y.integer(m, "query_workers", "query_workers", 1)
+    if "queue" in m:
+        kw["queue"] = y.string(m, "queue", "queue")
+        if kw["queue"] not in ("fair", "fifo"):
+            raise y.error(
+                f"server queue must be fair or fifo, got {kw['queue']!r}",
+                y.value_span(m, "queue"),
+                "fair: round-robin between agents (the default); fifo: arrival order",
+            )
     return ServerConfig(**kw)
 
 

@@ -13,7 +13,8 @@
 
 A request carries ``Authorization: Bearer <token>``; no token, or one no agent holds, is
 refused. ``FairScheduler`` shares the server's query workers between agents round-robin, so
-an agent flooding requests waits behind its own.
+an agent flooding requests waits behind its own; ``FifoScheduler`` (``server.queue: fifo``)
+serves every request in arrival order instead, with no per-agent limit.
 """
 
 from __future__ import annotations
@@ -254,3 +255,59 @@ class FairScheduler:
         with self.lock:
             names = set(self.running) | set(self.queues)
             return {n: (self.running.get(n, 0), len(self.queues.get(n, ()))) for n in sorted(names)}
+
+
+class FifoScheduler:
+    """``server.queue: fifo``: ``workers`` query slots taken in arrival order by every
+    agent, with no per-agent limit (``max_queued`` still refuses past an agent's backlog).
+    One agent flooding delays every other: for a server of one agent, and the setting
+    fair queuing is measured against (``test_a_flooding_agent_does_not_starve_another``)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.free = workers
+        self.lock = threading.Lock()
+        self.waiting: deque[tuple[str, threading.Event]] = deque()
+        self.running: dict[str, int] = {}
+        self.queued: dict[str, int] = {}
+
+    def acquire(self, agent: AgentConfig, timeout: float | None = None) -> None:
+        name = agent.name
+        with self.lock:
+            if self.free > 0 and not self.waiting:
+                self.free -= 1
+                self.running[name] = self.running.get(name, 0) + 1
+                return
+            n = self.queued.get(name, 0)
+            if n >= max(agent.max_queued, 0):
+                raise Busy(
+                    f"agent {name!r} has {n} queries waiting (max_queued {agent.max_queued}); "
+                    "retry later"
+                )
+            item = (name, threading.Event())
+            self.waiting.append(item)
+            self.queued[name] = n + 1
+        if not item[1].wait(timeout):
+            with self.lock:
+                if item[1].is_set():
+                    return
+                self.waiting.remove(item)
+                self.queued[name] -= 1
+            raise Busy(f"agent {name!r}: no query slot within {timeout:g} s")
+
+    def release(self, agent: AgentConfig) -> None:
+        with self.lock:
+            self.running[agent.name] -= 1
+            self.free += 1
+            if self.waiting:
+                name, ev = self.waiting.popleft()
+                self.queued[name] -= 1
+                self.running[name] = self.running.get(name, 0) + 1
+                self.free -= 1
+                ev.set()
+
+    def active(self) -> dict[str, tuple[int, int]]:
+        """Per agent: (running, waiting)."""
+        with self.lock:
+            names = set(self.running) | set(self.queued)
+            return {n: (self.running.get(n, 0), self.queued.get(n, 0)) for n in sorted(names)}

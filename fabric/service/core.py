@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from fabric.service.auth import AgentConfig, Authenticator, FairScheduler
+from fabric.service.auth import AgentConfig, Authenticator, FairScheduler, FifoScheduler
 from fabric.service.errors import BadRequest, Failed, Forbidden, NotFound, ServiceError
 from fabric.service.metrics import ServiceMetrics
 
@@ -23,8 +23,12 @@ class QueryService:
     def __init__(self, fab: Any, *, workers: int | None = None, slot_timeout: float = 60.0):
         self.fab = fab
         self.auth = Authenticator(fab.config.agents)
-        n = workers if workers is not None else getattr(fab.config.server, "query_workers", 4)
-        self.scheduler = FairScheduler(n)
+        server = fab.config.server
+        n = workers if workers is not None else getattr(server, "query_workers", 4)
+        fifo = getattr(server, "queue", "fair") == "fifo"
+        self.scheduler: FairScheduler | FifoScheduler = (FifoScheduler if fifo else FairScheduler)(
+            n
+        )
         self.metrics = ServiceMetrics(self.scheduler)
         self.slot_timeout = slot_timeout
 
