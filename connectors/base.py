@@ -259,6 +259,45 @@ class ScanMetrics:
         if room > 0:
             self.bad_samples.extend(dict(s) for s, _ in zip(samples, range(room)))
 
+    def merge(self, part: ScanMetrics) -> None:
+        """Add what a piece of this scan measured (a Ray task's split of it): counts add
+        up, distinct statements are kept in order (``; ``-separated); in ``extra``
+        numbers add up (a split's partitions), mappings merge (its end offsets) and
+        anything else is the piece's."""
+        if part.statement is not None:
+            sent = self.statement.split("; ") if self.statement else []
+            if part.statement not in sent:
+                self.statement = "; ".join([*sent, part.statement])
+        self.requests += part.requests
+        self.retries += part.retries
+        self.throttle_wait_s += part.throttle_wait_s
+        self.backoff_wait_s += part.backoff_wait_s
+        for status, n in part.statuses.items():
+            self.statuses[status] = self.statuses.get(status, 0) + n
+        for name in (
+            "records",
+            "files_total",
+            "files_read",
+            "row_groups_total",
+            "row_groups_read",
+            "rows",
+        ):
+            v = getattr(part, name)
+            if v is not None:
+                setattr(self, name, (getattr(self, name) or 0) + v)
+        if part.bad_records is not None:
+            self.bad(part.bad_records, part.bad_samples)
+        if part.cache is not None:
+            self.cache = part.cache
+        for k, v in part.extra.items():
+            have = self.extra.get(k)
+            if _number(v) and _number(have):
+                self.extra[k] = have + v
+            elif isinstance(v, Mapping) and isinstance(have, Mapping):
+                self.extra[k] = {**have, **v}
+            else:
+                self.extra[k] = v
+
     def as_dict(self) -> dict[str, Any]:
         """What was measured, for ``res.stats`` (nothing measured: ``{}``)."""
         out: dict[str, Any] = {}
@@ -287,6 +326,10 @@ class ScanMetrics:
             out["bad_samples"] = list(self.bad_samples)
         out.update(self.extra)
         return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)

@@ -291,3 +291,28 @@ def test_a_request_gets_its_own_metrics() -> None:
         "reader": "duckdb",
     }
     assert a == ScanRequest()  # metrics are not part of what a request asks
+
+
+def test_the_metrics_of_a_scans_pieces_add_up() -> None:
+    """What the Ray tasks of one scan measured (fabric.ray.scan merges them)."""
+    a = ScanMetrics(statement="S WHERE id < ?", records=3, files_read=1, files_total=2)
+    a.extra.update(reader="duckdb", partitions=1, end_offsets={0: 5}, exact=True)
+    a.bad(1, [{"partition": 0, "offset": 4, "reason": "invalid JSON"}])
+    b = ScanMetrics(statement="S WHERE id >= ?", records=4, files_read=2, files_total=2)
+    b.bad_records = 0
+    b.extra.update(reader="duckdb", partitions=2, end_offsets={1: 7}, exact=True)
+    whole = ScanMetrics()
+    for part in (a, b, ScanMetrics(statement="S WHERE id < ?")):
+        whole.merge(part)
+    assert whole.as_dict() == {
+        "statement": "S WHERE id < ?; S WHERE id >= ?",
+        "records": 7,
+        "bad_records": 1,
+        "bad_samples": [{"partition": 0, "offset": 4, "reason": "invalid JSON"}],
+        "files_total": 4,
+        "files_read": 3,
+        "reader": "duckdb",
+        "partitions": 3,
+        "end_offsets": {0: 5, 1: 7},
+        "exact": True,
+    }

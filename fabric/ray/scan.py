@@ -47,7 +47,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from connectors.base import ScanRequest
+from connectors.base import ScanMetrics, ScanRequest
 from dsl.ast import Binary, Column, Param
 
 __all__ = ["DEFAULT_MIN_ROWS", "RayScans", "plan_splits"]
@@ -206,8 +206,9 @@ def _worker_source(name: str, options: dict[str, Any], obj: str) -> Any:
 
 def run_split(
     name: str, options: dict[str, Any], obj: str, request: ScanRequest, split: Split
-) -> tuple[list[pa.RecordBatch] | _Failure, float]:
-    """Read one piece (in a Ray worker): the connector's scan over it."""
+) -> tuple[list[pa.RecordBatch] | _Failure, float, ScanMetrics]:
+    """Read one piece (in a Ray worker): the connector's scan over it, and what that
+    scan measured (its own ``request.metrics``, merged into the query's by the driver)."""
     t0 = time.perf_counter()
     if options.get("kind") == "kafka":  # a bounded read of its partitions, not a tail cache
         options = {**options, "cache": False}
@@ -228,8 +229,8 @@ def run_split(
     try:
         batches = list(src.scan(request))
     except Exception as e:  # sent back as itself (the executor names source and binding)
-        return _Failure.of(e, src.uri), time.perf_counter() - t0
-    return batches, time.perf_counter() - t0
+        return _Failure.of(e, src.uri), time.perf_counter() - t0, request.metrics
+    return batches, time.perf_counter() - t0, request.metrics
 
 
 @dataclass(frozen=True)
@@ -354,13 +355,15 @@ class RayScans:
         except ray.exceptions.RayTaskError as e:  # the connector's own error, re-raised
             cause = e.cause if isinstance(e.cause, BaseException) else e
             raise cause from None
-        for part, _ in results:
+        for part, _, _ in results:
             if isinstance(part, _Failure):
                 raise part.exception()
-        batches = [b for part, _ in results for b in part]
+        batches = [b for part, _, _ in results for b in part]
+        for _, _, measured in results:  # each task's scan measured its split
+            request.metrics.merge(measured)
         info = {
             "tasks": len(splits),
             "split": splits[0].kind,
-            "task_ms": [round(s * 1000, 3) for _, s in results],
+            "task_ms": [round(s * 1000, 3) for _, s, _ in results],
         }
         return batches, info
