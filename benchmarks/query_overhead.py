@@ -344,21 +344,22 @@ class _Ways:
                 if self.old is not None:
                     self.run(i, j, "query(old exec)")
 
-    def run(self, i: int, j: int, way: str) -> tuple[float, list[int]]:
+    def run(self, i: int, j: int, way: str) -> tuple[tuple[float, float], list[int]]:
+        """((wall seconds, this thread's CPU seconds), the ids found)."""
         p, q = self.pts[i], self.qs[j]
         if way == "search":
             filters = () if p.where is None else (p.where,)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             table, _ = self.src.search("emb", q, K, filters, {}, ["id"])
-            took = time.perf_counter() - t
+            took = (time.perf_counter() - t, time.thread_time() - c)
             return took, table.column("id").to_pylist()
         if way == "query":
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             res = self.fab.query(f"p{i}", session={"q": q})
-            took = time.perf_counter() - t
+            took = (time.perf_counter() - t, time.thread_time() - c)
             return took, res.table.column(0).to_pylist()
         if way == "query(old exec)":  # fab.query's steps with the --baseline executor
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             compiled = self.fab.binding(f"p{i}")
             params = compiled.bind({"q": q})
             res = self.old(
@@ -368,25 +369,25 @@ class _Ways:
                 binding=f"p{i}",
                 version=compiled.content_hash,
             )
-            took = time.perf_counter() - t
+            took = (time.perf_counter() - t, time.thread_time() - c)
             return took, res.table.column(0).to_pylist()
         if way == "hnswlib":  # row ids are the ids here (one bulk load in id order)
             mask = p.mask
             cb = None if p.where is None else (lambda r: bool(mask[r]))
             self.vi.gate.enter(self.vi.graph, self.ef)  # the graph's ef, as the dataset keeps it
             try:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 labels, _ = self.vi.graph.knn_query(q, k=K, num_threads=1, filter=cb)
-                took = time.perf_counter() - t
+                took = (time.perf_counter() - t, time.thread_time() - c)
             finally:
                 self.vi.gate.exit()
             return took, labels[0].tolist()
         ids, sub, sq = self.cands[i]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         dist = sq - 2.0 * (sub @ q)
         part = np.argpartition(dist, K - 1)[:K]
         top = ids[part[np.argsort(dist[part])]]
-        took = time.perf_counter() - t
+        took = (time.perf_counter() - t, time.thread_time() - c)
         return took, top.tolist()
 
 
@@ -438,7 +439,7 @@ class _Worker:
         if line.strip() != "ready":
             raise SystemExit(f"a worker failed to start (exit {self.proc.wait()})")
 
-    def run(self, i: int, j: int, way: str) -> tuple[float, list[int]]:
+    def run(self, i: int, j: int, way: str) -> tuple[list[float], list[int]]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps([i, j, way]) + "\n")
         self.proc.stdin.flush()
@@ -472,9 +473,11 @@ def side_by_side(args: argparse.Namespace) -> None:
         tasks.append(("now", "query(old exec)"))
     rng = np.random.default_rng(11)
     load0 = os.getloadavg()[0]
-    res: list[dict[tuple[str, str], tuple[list[float], list[float]]]] = []
+    res: list[dict[tuple[str, str], tuple[list[list[float]], list[float]]]] = []
     for i in range(len(pts)):
-        got: dict[tuple[str, str], tuple[list[float], list[float]]] = {t: ([], []) for t in tasks}
+        got: dict[tuple[str, str], tuple[list[list[float]], list[float]]] = {
+            t: ([], []) for t in tasks
+        }
         for j in range(args.queries):
             for k in rng.permutation(len(tasks)):
                 who, way = tasks[k]
@@ -486,10 +489,24 @@ def side_by_side(args: argparse.Namespace) -> None:
     for w in workers.values():
         w.close()
     before = "before" in workers
+    for col, label in ((0, "wall"), (1, "CPU time of the querying thread")):
+        table = [{t: ([x[col] for x in v[0]], v[1]) for t, v in got.items()} for got in res]
+        _side_table(args, pts, table, before, label, load0, load1)
+
+
+def _side_table(
+    args: argparse.Namespace,
+    pts: list,
+    res: list[dict[tuple[str, str], tuple[list[float], list[float]]]],
+    before: bool,
+    label: str,
+    load0: float,
+    load1: float,
+) -> None:
     print(
         f"\nnearest k={K} over {args.n:,} x {DIM}-d (ef {args.ef}), {args.queries} queries per "
-        f"point, every way interleaved per query; p50 ms (recall@10); load {load0:.1f}-{load1:.1f}"
-        + (f"; before = {args.baseline_rev}" if before else "")
+        f"point, every way interleaved per query; p50 ms ({label}) (recall@10); "
+        f"load {load0:.1f}-{load1:.1f}" + (f"; before = {args.baseline_rev}" if before else "")
     )
     head = f"{'point':<15} {'hnswlib':>14} {'numpy':>14} {'search':>14} {'fab.query':>14}"
     head += f" {'query/search':>12} {'query-search':>12}"
