@@ -280,10 +280,10 @@ def retrieval(args, cluster, costs) -> None:
             for r in rows
         ],
     )
-    model(args, parts, cluster.cpus())
+    model(args, parts, cluster.cpus(), costs)
 
 
-def model(args, parts, cores: int) -> None:
+def model(args, parts, cores: int, costs: dict[str, float]) -> None:
     """The fan-out model (docs/scale.md), its two parts measured apart in one interleaved
     pass: a query's latency T(N) = o(N) + max(S_1 .. S_N), S_i a shard's own search time
     (timed inside the actor), o(N) the rest (wall - the slowest shard's S). Predicted
@@ -345,6 +345,45 @@ def model(args, parts, cores: int) -> None:
         f"Fan-out model vs measured (ms): waves x max of N 1-shard S + busy o ({cores} CPUs)",
         ["mode", "pred p50", "meas p50", "error %", "pred p99", "meas p99"],
         pred,
+    )
+    # 10^9 vectors over N machines: a machine per shard (waves = 1), S scaled by the log of
+    # the rows per shard, o(N) = a + b N fitted (least squares) on ping's overhead at the
+    # shard counts measured here (b: the driver's cost per shard, sending a call and
+    # decoding an answer, one after the other) + the network's round trip (not measured)
+    ns = np.asarray(args.shards, float)
+    b, a = np.polyfit(ns, [float(np.median(parts[n]["busy_o"])) for n in args.shards], 1)
+    big = []
+    for n in (16, 64, 256):
+        scale = np.log(1e9 / n) / np.log(args.n)
+        draws = scale * slowest(n) + sim.choice(np.asarray(parts[1]["busy_o"]), size=20000)
+        draws += a + b * n - float(np.median(parts[1]["busy_o"]))
+        big.append(
+            [
+                n,
+                f"{1e9 / n / 1e6:.1f}M",
+                scale,
+                float(np.percentile(one, 100 * 0.5 ** (1 / n))),
+                float(np.median(scale * slowest(n))),
+                a + b * n,
+                np.percentile(draws, 50),
+                np.percentile(draws, 99),
+            ]
+        )
+    table(
+        f"10^9 vectors over N machines, predicted (ms): S from the 1-shard run x log(rows) "
+        f"ratio, o(N) = {a:.2f} + {b:.2f} N (fitted on ping's overhead) + network round trip; "
+        f"actor call p50 here {costs['actor_p50_ms']:.2f} ms",
+        [
+            "N",
+            "rows/shard",
+            "S scale",
+            "shard's 0.5^(1/N) quantile",
+            "max S p50",
+            "o(N)",
+            "pred p50",
+            "pred p99",
+        ],
+        big,
     )
 
 
