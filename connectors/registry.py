@@ -68,15 +68,18 @@ _SQL_KEYS = (
 )
 C = Capability
 _SQL_CAPS = frozenset({C.PROJECTION, C.LIMIT, C.ORDER_BY})
+_TABLE_CAPS = _SQL_CAPS | {C.AGGREGATE}  # SqlSource: GROUP BY in its statement
 _FILE_CAPS = frozenset({C.PROJECTION, C.LIMIT})
 _OBJECT_CAPS = _FILE_CAPS | {C.AGGREGATE}  # S3Source (s3, file): aggregates in its reader
 
 _BUILTIN = (
-    ConnectorSpec("mysql", "connectors.sql:SqlConnection", _SQL_KEYS, _SQL_CAPS, "tables", "mysql"),
     ConnectorSpec(
-        "postgres", "connectors.sql:SqlConnection", _SQL_KEYS, _SQL_CAPS, "tables", "postgres"
+        "mysql", "connectors.sql:SqlConnection", _SQL_KEYS, _TABLE_CAPS, "tables", "mysql"
     ),
-    ConnectorSpec("sql", "connectors.sql:SqlConnection", _SQL_KEYS, _SQL_CAPS, "tables"),
+    ConnectorSpec(
+        "postgres", "connectors.sql:SqlConnection", _SQL_KEYS, _TABLE_CAPS, "tables", "postgres"
+    ),
+    ConnectorSpec("sql", "connectors.sql:SqlConnection", _SQL_KEYS, _TABLE_CAPS, "tables"),
     ConnectorSpec(
         "mongo",
         "connectors.mongo:MongoConnection",

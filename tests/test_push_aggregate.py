@@ -242,3 +242,122 @@ def test_s3_aggregate_equals_duckdb(lake: dict[str, Any], reader: str, text: str
 
     assert sorted(got.to_pylist(), key=key) == sorted(want.to_pylist(), key=key)
     assert got.num_rows == (0 if where == "k < 0" else 4)
+
+
+# ---------------------------------------------------------------- SQL servers
+
+SQL_AGG = Aggregation(
+    (("g", _c("g"), pa.int64()),),
+    (
+        ("s", A.Call("sum", (_c("q"),)), pa.decimal128(38, 2)),
+        (
+            "rev",
+            A.Call(
+                "sum",
+                (
+                    A.Binary(
+                        "*",
+                        A.Binary("*", _c("q"), A.Binary("-", A.Literal(1, "int"), _c("p"))),
+                        A.Binary("+", A.Literal(1, "int"), _c("p")),
+                    ),
+                ),
+            ),
+            pa.decimal128(38, 6),
+        ),
+        ("ks", A.Call("sum", (_c("k"),)), pa.int64()),
+        ("n", A.Call("count", (A.Star(),)), pa.int64()),
+        ("nq", A.Call("count", (_c("q"),)), pa.int64()),
+        ("lo", A.Call("min", (_c("q"),)), pa.decimal128(15, 2)),
+        ("last", A.Call("max", (_c("day"),)), pa.date32()),
+    ),
+)
+SQL_REF = (
+    "SELECT g, sum(q) AS s, sum(q * (1 - p) * (1 + p)) AS rev, CAST(sum(k) AS BIGINT) AS ks, "
+    "CAST(count(*) AS BIGINT) AS n, CAST(count(q) AS BIGINT) AS nq, min(q) AS lo, "
+    "max(day) AS last FROM t WHERE {where} GROUP BY g"
+)
+
+
+def _sql_source(url: str, name: str) -> Any:
+    import sqlalchemy as sa
+
+    from connectors.sql import SqlConnection
+
+    engine = sa.create_engine(url)
+    md = sa.MetaData()
+    t = sa.Table(
+        name,
+        md,
+        sa.Column("k", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("g", sa.BigInteger),
+        sa.Column("flag", sa.String(4)),
+        sa.Column("q", sa.Numeric(15, 2)),
+        sa.Column("p", sa.Numeric(15, 2)),
+        sa.Column("f", sa.Float(53)),
+        sa.Column("day", sa.Date),
+    )
+    md.drop_all(engine)
+    md.create_all(engine)
+    with engine.begin() as c:
+        c.execute(t.insert(), [{**r, "g": r["k"] % 5} for r in _rows()])
+    engine.dispose()
+    conn = SqlConnection("db", {"url": url})
+    return conn, conn.source(name)
+
+
+@pytest.mark.parametrize("server", ["mariadb", "postgres"])
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("day >= {{session.day}} and q < {{session.qty}}", "day >= $day AND q < $qty"),
+        ("k < 0", "k < 0"),
+    ],
+)
+def test_sql_aggregate_is_grouped_by_the_server_and_equals_duckdb(
+    request: Any, server: str, text: str, where: str
+) -> None:
+    url = request.getfixturevalue("mariadb_url" if server == "mariadb" else "pg_url")
+    conn, src = _sql_source(url, "agg_t")
+    try:
+        assert src.supports_aggregate(SQL_AGG)
+        params = {"day": dt.date(1994, 6, 1), "qty": 30}
+        req = ScanRequest(
+            columns=("g", "q", "p", "k", "day"),
+            filters=(A.unqualify(parse_expr(text)),),
+            params=params,
+            aggregate=SQL_AGG,
+        )
+        got = pa.Table.from_batches(list(src.scan(req)), schema=SQL_AGG.schema)
+        assert "GROUP BY" in (req.metrics.statement or "").upper()
+        table = pa.Table.from_pylist([{**r, "g": r["k"] % 5} for r in _rows()])
+        con = duckdb.connect()
+        con.register("t", table)
+        used = {k: v for k, v in params.items() if f"${k}" in where}
+        want = con.sql(SQL_REF.format(where=where), params=used).to_arrow_table()
+        assert sorted(got.to_pylist(), key=lambda r: r["g"]) == sorted(
+            want.to_pylist(), key=lambda r: r["g"]
+        )
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("server", ["mariadb", "postgres"])
+def test_sql_sources_decline_what_the_server_computes_otherwise(request: Any, server: str):
+    url = request.getfixturevalue("mariadb_url" if server == "mariadb" else "pg_url")
+    conn, src = _sql_source(url, "agg_t2")
+    try:
+        avg = Aggregation((), (("a", A.Call("avg", (_c("q"),)), pa.float64()),))
+        div = Aggregation(
+            (),
+            (("h", A.Call("sum", (A.Binary("/", _c("q"), A.Literal(2, "int")),)), pa.float64()),),
+        )
+        floats = Aggregation((), (("x", A.Call("sum", (_c("f"),)), pa.float64()),))
+        text = Aggregation(
+            (("flag", _c("flag"), pa.string()),), (("n", A.Call("count", (A.Star(),)), pa.int64()),)
+        )
+        for agg in (avg, div, floats):
+            assert not src.supports_aggregate(agg), agg
+        # PostgreSQL groups text by equality; MariaDB's collations fold case
+        assert src.supports_aggregate(text) == (server == "postgres")
+    finally:
+        conn.close()

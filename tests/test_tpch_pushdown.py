@@ -162,3 +162,18 @@ def test_a_range_of_a_session_date_plus_an_interval_is_estimated_by_its_width(tp
         assert actual / 2 <= est <= 2 * actual, (est, actual, line)
     else:  # the other filters of Q6/Q12 still take their defaults: at most the range's rows
         assert est <= 2 * actual, (est, actual, line)
+
+
+def test_a_key_list_reaches_postgresql_as_one_array_parameter(tpch):
+    """Q14 keys part by lineitem's part keys (the month's ~1/84 of lineitem): PostgreSQL
+    gets them as `p_partkey = ANY(%s)`, one array parameter, not one placeholder per key
+    (6,338 keys at SF 0.1: 96-131 ms against 414-904 ms as IN placeholders)."""
+    _data, fab, ref, _need, vocab = tpch
+    q = QUERIES["q14"]
+    params = q.params(SF, None, vocab)
+    res = fab.query(H.binding_name("q14"), session=H.session_values("q14", params))
+    assert H.compare(H.run_reference(ref, q, params), res.table, q.order) == ("ok", "")
+    p = res.stats["sources"]["p"]
+    assert any(d["pushed"] for d in p["dynamic"]), p
+    statement = p["source"]["statement"]
+    assert "= ANY (" in statement and statement.count("%(") == 1, statement

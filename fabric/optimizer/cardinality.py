@@ -178,8 +178,8 @@ class Estimator:
         Taken one by one, each bound of TPC-H Q14's month would keep RANGE_SELECTIVITY
         (0.09 for both: 7x the 1/84 of lineitem it keeps)."""
         st = self.stats(scan.uri)
-        lows: dict[str, list[Expr]] = {}
-        highs: dict[str, list[Expr]] = {}
+        lows: dict[str, list[Binary]] = {}
+        highs: dict[str, list[Binary]] = {}
         for f in filters:
             if isinstance(f, Binary) and f.op in ("<", "<=", ">", ">="):
                 col, const, op = _column_vs_constant(f)

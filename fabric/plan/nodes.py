@@ -199,10 +199,10 @@ class Scan(Plan):
                 )
             items = (*self.aggregate.group_by, *self.aggregate.aggregates)
             for _, e, _ in items:
-                for c in e.columns():
-                    if c.source != self.alias or c.name not in (self.projection or names):
+                for col in e.columns():
+                    if col.source != self.alias or col.name not in (self.projection or names):
                         raise PlanError(
-                            f"scan {self.alias}: its aggregate reads {c.qualified}, not a "
+                            f"scan {self.alias}: its aggregate reads {col.qualified}, not a "
                             f"projected column of {self.uri}"
                         )
 
