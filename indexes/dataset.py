@@ -38,7 +38,11 @@ from indexes.spec import DatasetError, IndexSpec
 
 FORMAT_VERSION = 1
 log = logging.getLogger("indexes.dataset")
-FOLDER_NICE = 5  # niceness added to the background folder thread
+# niceness added to the background folder thread: 0. A per-thread nice counts against every
+# process on the machine, not only this one's writers: at +5 the folder folded 19-72 rows/s
+# under a query pass at load 25-46 against 71-100 at 0, and 90 s later had left 1.8-3.6x
+# more rows unfolded (benchmarks/retrieval_folding.py, docs/indexes.md)
+FOLDER_NICE = 0
 QUERY_ACTIVE_S = 0.05  # a search this recent makes the folder yield (fold_yield_ms holds)
 
 
@@ -689,9 +693,10 @@ def _fold_loop(ref: weakref.ref[Dataset], wake: threading.Event) -> None:
     """The background folder: fold due growing segments chunk by chunk, sleep otherwise.
     Holds the dataset only weakly between steps, so an unused dataset can be collected.
 
-    The thread runs at a lower CPU priority (Linux: per-thread nice) and inserts with one
-    thread: on a busy machine the write path (decode, append, exact-searchable at once)
-    wins the CPU and the graph catches up with what is left; backpressure bounds the gap.
+    The thread inserts with one thread, at the process's priority unless ``FOLDER_NICE``
+    says otherwise (Linux per-thread nice; it counts against every process on the
+    machine, so a niced folder fell behind on a shared, loaded one); backpressure bounds
+    the gap between the write path and the graph.
     """
     with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed
         os.setpriority(
