@@ -11,16 +11,17 @@ guards on, cycling over four points: none, uncorr 1 %, anti 10 %, rnd10%&anti10%
 back to back from one thread while the folder works, then the rest folded with no
 queries. Variants run in rotating order, round by round, in one process:
 
-- ``default``: while a search ran in the last 50 ms the folder inserts chunks of
-  ``fold_yield_ms`` = 2 ms (then rests half as long), its thread at nice +5;
-- ``yield10``: chunks of 10 ms while queries run (``fold_yield_ms = fold_lock_ms``);
-- ``nice0``: the default chunks, the folder thread at nice 0
-  (``indexes.dataset.FOLDER_NICE``: the niceness counts against every process on the
-  machine, not only this one's writers).
+- ``nice5``: while a search ran in the last 50 ms the folder inserts chunks of
+  ``fold_yield_ms`` = 2 ms (then rests half as long), its thread at nice +5 (the folder
+  before a59d02c);
+- ``yield10``: chunks of 10 ms while queries run (``fold_yield_ms = fold_lock_ms``), nice +5;
+- ``nice0``: 2 ms chunks, the folder thread at nice 0 (``indexes.dataset.FOLDER_NICE``,
+  the default now: the niceness counts against every process on the machine, not only
+  this one's writers).
 
 Printed per variant: the upsert's time, rows folded per second during the pass, growing
 rows left after it, time to fold the rest (up to ``--rest-timeout``) and what is left, query p50 / p90 and recall@10 (numpy truth over all rows);
-medians over the rounds and each variant / default.
+medians over the rounds and each variant / nice5.
 
     .venv/bin/python benchmarks/retrieval_folding.py                    # 20k + 30k rows, 3 rounds
     .venv/bin/python benchmarks/retrieval_folding.py --m 20000 --queries 600 --rounds 2 --rest-timeout 90
@@ -47,7 +48,7 @@ POINTS = ("none (100%)", "uncorr 1.00%", "anti 10%", "rnd10%&anti10%")
 
 
 VARIANTS = {  # name -> (fold_yield_ms, the folder thread's niceness)
-    "default": (2.0, 5),
+    "nice5": (2.0, 5),
     "yield10": (10.0, 5),
     "nice0": (2.0, 0),
 }
@@ -145,14 +146,14 @@ def main() -> None:
             f"| {m['left']:.0f} | {m['p50']:.2f} | {m['p90']:.2f} | {m['recall']:.3f} "
             f"| {m['upsert_s']:.1f} |"
         )
-    if "default" in med:
-        f = med["default"]
+    if "nice5" in med:
+        f = med["nice5"]
         for v in names:
-            if v == "default":
+            if v == "nice5":
                 continue
             ad = med[v]
             print(
-                f"| {v} / default | {ad['folded_per_s'] / max(f['folded_per_s'], 1e-9):.2f}x "
+                f"| {v} / nice5 | {ad['folded_per_s'] / max(f['folded_per_s'], 1e-9):.2f}x "
                 f"| {ad['growing1'] / max(f['growing1'], 1):.2f}x "
                 f"| {ad['rest_s'] / max(f['rest_s'], 1e-9):.2f}x | "
                 f"| {ad['p50'] / f['p50']:.2f}x | {ad['p90'] / f['p90']:.2f}x | "
