@@ -136,7 +136,9 @@ def test_sql_scans_report_their_own_statement(
         # each names its own filter's column after WHERE, and not the other's
         assert ".city =" in city and ".n <" not in city, city
         assert ".n <" in n and "city" not in n, n
-        assert "SELECT" in fab.explain("by_n", analyze=True)
+        text = fab.explain("by_n", analyze=True)
+        sent = next(ln for ln in text.splitlines() if ln.startswith(f"Sent t <- {uri}: SELECT "))
+        assert "WHERE" in sent and ".n <" in sent, text  # the statement on one line
 
 
 # ---------------------------------------------------------------- S3

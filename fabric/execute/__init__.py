@@ -1166,8 +1166,8 @@ class _Run:
             lines.append(f"DuckDB: {q}")
         for alias, src in self.sources.items():  # what each scan sent to its server
             statement = (src.get("source") or {}).get("statement")
-            if statement is not None:
-                lines.append(f"Sent {alias} <- {src['uri']}: {statement}")
+            if statement is not None:  # on one line (SQLAlchemy breaks before FROM, WHERE)
+                lines.append(f"Sent {alias} <- {src['uri']}: {' '.join(statement.split())}")
         for alias, info in self.infos.items():
             kind = "Ranking" if type(info).__name__ == "RankExplain" else "VectorSearch"
             lines.append(f"{kind} {alias}:")
