@@ -439,6 +439,20 @@ def _source_rows(served: Served) -> dict[str, float]:
     return out
 
 
+def _settled_sandbox(pid: int, timeout: float = 60.0) -> tuple[list[int], int]:
+    """``_sandbox_activity`` once it holds still: the pool starts its workers after the
+    first in the background (fabric/sandbox/pool.py), and one still booting switches."""
+    last = _sandbox_activity(pid)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.5)
+        now = _sandbox_activity(pid)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the sandbox workers under {pid} kept switching: {last}")
+
+
 def test_refused_requests_say_why_and_run_nothing(world) -> None:
     """Nothing ran for a refused request, seen outside the server: no byte reached MariaDB
     (a relay counts what the served fabric sends it) and no sandbox worker started or woke
@@ -447,7 +461,7 @@ def test_refused_requests_say_why_and_run_nothing(world) -> None:
     alice = fabric.connect(served.grpc, token=TOKENS["alice"])
     alice.query(*_sessions(world)[-1])  # market_open_news: its python pushdown warms the pool
     before = _source_rows(served)
-    sent, sandbox = relay.sent(), _sandbox_activity(served.proc.pid)
+    sent, sandbox = relay.sent(), _settled_sandbox(served.proc.pid)
     assert sandbox[0], "the served fabric's sandbox pool has workers (market_open_news ran)"
     # no token / an unknown token
     with pytest.raises(E.Unauthenticated, match="no token"):
