@@ -526,9 +526,9 @@ class _Builder:
                 plan = leaf
             else:
                 on = self.attempt(partial(self.join_condition, s, joined))
-                if on is not None:
+                if on is not None and not A.sources_of(on) & failed:
                     plan = N.Join(plan, leaf, on, s.join.how if s.join else "inner")
-                else:  # its join failed (recorded): the plan lacks this source
+                else:  # its join failed, or joins a source that did (recorded): not joined
                     failed.add(alias)
             joined.append(alias)
             if plan is not None:
