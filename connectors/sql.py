@@ -212,7 +212,7 @@ class SqlSource(Source):
         """GROUP BY in the statement for what MariaDB and PostgreSQL compute as DuckDB
         does, exactly: ``count``, and ``sum`` / ``min`` / ``max`` of integer and DECIMAL
         columns under ``+ - *`` with integer / decimal constants (``min`` / ``max`` of a
-        date column too); group keys integer, DECIMAL or date columns (and text on
+        date column too; not ``sum`` of integers on MariaDB, whose cast back saturates); group keys integer, DECIMAL or date columns (and text on
         PostgreSQL, whose grouping is by equality; MariaDB's collations fold case). Not
         ``avg`` nor ``/`` (the servers' DECIMAL scale and integer division differ), nor
         floats."""
@@ -224,8 +224,12 @@ class SqlSource(Source):
             t = self._schema.field(e.name).type
             if not (_exact_number(t) or pa.types.is_date(t) or (not self.mysql and _is_text(t))):
                 return False
-        for _, e, _ in agg.aggregates:
+        for _, e, t in agg.aggregates:
             if not isinstance(e, Call) or e.distinct or len(e.args) != 1:
+                return False
+            if self.mysql and e.name == "sum" and pa.types.is_integer(t):
+                # MariaDB's SUM of integers is a DECIMAL, and CAST(... AS SIGNED) saturates
+                # at 2^63-1 with only a warning: past it the answer would be quietly wrong
                 return False
             (arg,) = e.args
             if e.name == "count":
@@ -261,8 +265,8 @@ class SqlSource(Source):
             (arg,) = e.args
             inner = sa.literal_column("*") if isinstance(arg, Star) else tr.value(arg)[0]
             clause = getattr(sa.func, e.name)(inner)
-            if pa.types.is_integer(t):  # MariaDB's SUM of integers is a DECIMAL
-                clause = sa.cast(clause, sa.BigInteger())
+            if pa.types.is_integer(t):  # PostgreSQL's SUM of bigint is a numeric; the
+                clause = sa.cast(clause, sa.BigInteger())  # cast errors past 2^63-1
             items.append(clause.label(n))
         out = stmt.with_only_columns(*items)
         return out.group_by(*keys) if keys else out
