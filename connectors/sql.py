@@ -804,8 +804,22 @@ class SqlConnection(Connection):
             self.uri(obj),
             f"{type(orig).__name__}: {str(orig).strip().splitlines()[0] if str(orig).strip() else orig!r}"
             + limits,
-            hint=f"check that the database at {self.url.render_as_string(hide_password=True)} is running and reachable",
+            hint=self._hint(exc),
             retriable=isinstance(exc, _CONNECTIVITY),
+        )
+
+    def _hint(self, exc: BaseException) -> str:
+        if isinstance(exc, _CONNECTIVITY | TimeoutError) or not isinstance(exc, sa_exc.DBAPIError):
+            where = self.url.render_as_string(hide_password=True)
+            return f"check that the database at {where} is running and reachable"
+        if isinstance(exc, sa_exc.DataError):  # the server is up; a value did not fit
+            return (
+                "the server computed a value that does not fit its type (a sum or cast past "
+                "the column type's range?); check the data, or widen the type in a derive:"
+            )
+        return (
+            "the server is up but refused the statement the fabric sent; "
+            "explain(analyze=True) shows it on the scan's Sent line"
         )
 
     # ----------------------------------------------------------------- objects
