@@ -136,6 +136,7 @@ def test_an_aggregate_over_lineitem_alone_is_computed_in_its_scan(tpch, name, gr
         used = {k: v for k, v in params.items() if f"${k}" in groups_sql}
         groups = ref.sql(groups_sql, params=used).fetchall()[0][0]
     assert res.stats["sources"]["l"]["rows"] == groups
+    assert res.stats["sources"]["l"]["aggregated"] is True
 
 
 @pytest.mark.parametrize("name", ["q14", "q06", "q12"])

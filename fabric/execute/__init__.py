@@ -601,6 +601,9 @@ class _Run:
         if not grouped:
             table = table.rename_columns([f"{alias}.{n}" for n in table.column_names])
         self._source_stats(alias, scan, rows, nbytes, len(batches), ms, dyn_stats)
+        if grouped:  # the source answered with the aggregate's rows (push_aggregate)
+            with self._lock:
+                self.sources[alias]["aggregated"] = True
         if ray_info is not None:
             with self._lock:
                 self.sources[alias]["ray"] = ray_info
