@@ -47,6 +47,8 @@ SERVER_ALIASES = {
     "tansu": "tansu",
     "mariadb": "mariadb",
     "postgres": "postgres",
+    "mongo": "mongo",
+    "s3": "s3",
 }
 
 

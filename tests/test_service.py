@@ -232,7 +232,13 @@ class Served:
 
 @pytest.fixture(scope="module")
 def world(
-    tmp_path_factory: pytest.TempPathFactory, test_run_id: str, servers: Any
+    tmp_path_factory: pytest.TempPathFactory,
+    test_run_id: str,
+    servers: Any,
+    mariadb_url: str,  # the seed world is on these servers: named so that the tests
+    kafka_bootstrap: str,  # using it are marked `servers` (pytest -m "not servers")
+    mongo_url: str,
+    s3: Any,
 ) -> Iterator[dict[str, Any]]:
     sys.path.insert(0, str(ROOT))
     from crypto import KeyRing
