@@ -32,7 +32,7 @@ import contextlib
 import copy
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +41,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.base import (
-    Capability,
-    ColumnStats,
-    Pushdown,
-    ScanRequest,
-    Source,
     SourceError,
-    Statistics,
-    check_columns,
 )
+from connectors.dataset import DatasetSource
 
 __all__ = [
     "ShardActor",
@@ -575,48 +569,21 @@ class ShardedDataset:
         self.actors = []
 
 
-class ShardedSource(Source):
+class ShardedSource(DatasetSource):
     """A sharded dataset as a source (``dataset://<name>``, what ``DatasetSource`` is for
-    a local one): scans gather every shard's matching rows, ``search`` scatters to every
-    shard and merges the global top-k, statistics add the shards' up. Every filter it
-    takes is exact on every shard, so limits and projections are pushed as for a local
-    dataset. A scan's rows come shard by shard (no order is promised without order_by,
-    as for a local dataset). Ranked retrieval (``search:`` / ``rank:``, BM25) is refused:
-    each shard's term statistics are its own, so its scores would not be one dataset's."""
+    a local one, whose schema, filters, statistics and scans it shares: the sharded
+    dataset answers the same calls, gathering every shard's): ``search`` scatters to every
+    shard and merges the global top-k. A scan's rows come shard by shard (no order is
+    promised without order_by, as for a local dataset). Ranked retrieval (``search:`` /
+    ``rank:``, BM25) is refused: each shard's term statistics are its own, so its scores
+    would not be one dataset's."""
 
-    capabilities = frozenset({Capability.PROJECTION, Capability.LIMIT, Capability.IN_PROCESS})
+    dataset: Any  # a ShardedDataset
 
     def __init__(self, uri: str, dataset: ShardedDataset):
-        super().__init__(uri)
-        self.dataset = dataset
+        super().__init__(uri, dataset)  # type: ignore[arg-type]
 
-    def schema(self) -> pa.Schema:
-        return self.dataset.schema
-
-    def supports_filter(self, expr: Any) -> Pushdown:
-        from indexes.filters import supported
-
-        return Pushdown.EXACT if supported(self.dataset, expr) else Pushdown.UNSUPPORTED
-
-    def statistics(self) -> Statistics:
-        st = self.dataset.statistics()
-        cols = {
-            c: ColumnStats(null_count=s["nulls"], min=s["min"], max=s["max"])
-            for c, s in st["indexes"].items()
-            if s["kind"] == "btree"
-        }
-        return Statistics(row_count=st["rows"], exact=True, columns=cols)
-
-    def scan(self, request: ScanRequest) -> Iterator[pa.RecordBatch]:
-        from dsl.ast import and_all
-
-        check_columns(self.uri, request.columns, self.schema().names)
-        t = self.dataset.scan(
-            and_all(list(request.filters)), request.params, request.columns, request.limit
-        )
-        yield from t.to_batches(max_chunksize=request.batch_size)
-
-    def search(
+    def search(  # type: ignore[override]  # the sharded explain, with each shard's
         self,
         column: str,
         query: Any,
