@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from connectors.base import Pushdown, Source
-from dsl.ast import Expr
-from fabric.plan.nodes import Derive, Filter, Plan, Scan, StageRef, VectorSearch
+from dsl.ast import Binary, Expr, conjuncts
+from fabric.plan.nodes import Derive, Filter, Join, Plan, Scan, StageRef, VectorSearch
 
 
 def source_of(catalog: Any, uri: str) -> Source | None:
@@ -86,3 +87,17 @@ def replace_node(node: Plan, old: Plan, new: Plan) -> Plan:
         return node
     out = tuple(replace_node(c, old, new) for c in children)
     return node if all(a is b for a, b in zip(out, children)) else node.with_children(*out)
+
+
+def equi_sides(join: Join) -> Iterator[tuple[Expr, Expr, Plan, Plan]]:
+    """``(small_expr, key, small, big)`` for each ``=`` conjunct of ``join.on``, each way
+    round, and each side that may be the small one (whose values can key the big side's
+    scan): either side of an inner join, only the left of an outer one (the right side's
+    keys must not drop the left's unmatched rows)."""
+    for c in conjuncts(join.on):
+        if not (isinstance(c, Binary) and c.op == "="):
+            continue
+        for small_expr, key in ((c.left, c.right), (c.right, c.left)):
+            yield small_expr, key, join.left, join.right
+            if join.how == "inner":
+                yield small_expr, key, join.right, join.left

@@ -38,7 +38,7 @@ from typing import Any
 from connectors.base import Pushdown
 from dsl.ast import Binary, Column, Exists, Expr, InList, Param, conjuncts, sources_of
 from dsl.types import is_stage_param
-from fabric.optimizer._util import aliases, ask_filter, derived_names, replace_node
+from fabric.optimizer._util import aliases, ask_filter, derived_names, equi_sides, replace_node
 from fabric.optimizer.cardinality import Estimator
 from fabric.plan.nodes import (
     Aggregate,
@@ -89,23 +89,14 @@ def _first_candidate(root: Plan, node: Plan, est: Estimator, catalog: Any) -> Pl
             return out
     if not isinstance(node, Join):
         return None
-    for c in conjuncts(node.on):
-        if not (isinstance(c, Binary) and c.op == "="):
+    for small_expr, key, small, big in equi_sides(node):
+        if not (sources_of(small_expr) and sources_of(small_expr) <= aliases(small)):
             continue
-        for small_expr, key in ((c.left, c.right), (c.right, c.left)):
-            for small, big, big_is_right in (
-                (node.left, node.right, True),
-                (node.right, node.left, False),
-            ):
-                if not big_is_right and node.how != "inner":
-                    continue
-                if not (sources_of(small_expr) and sources_of(small_expr) <= aliases(small)):
-                    continue
-                if not (isinstance(key, Column) and key.source in aliases(big)):
-                    continue
-                out = _try(root, node, small, big, small_expr, key, est, catalog)
-                if out is not None:
-                    return out
+        if not (isinstance(key, Column) and key.source in aliases(big)):
+            continue
+        out = _try(root, node, small, big, small_expr, key, est, catalog)
+        if out is not None:
+            return out
     return None
 
 

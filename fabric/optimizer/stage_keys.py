@@ -29,9 +29,9 @@ import dataclasses
 from typing import Any
 
 from connectors.base import Pushdown
-from dsl.ast import Binary, Column, InList, Param, conjuncts
+from dsl.ast import Column, InList, Param
 from dsl.types import stage_param
-from fabric.optimizer._util import aliases, ask_filter, replace_node
+from fabric.optimizer._util import aliases, ask_filter, equi_sides, replace_node
 from fabric.optimizer.cardinality import Estimator
 from fabric.optimizer.dynamic_filters import _target
 from fabric.plan.nodes import (
@@ -92,25 +92,16 @@ def _first(root: WithStages, est: Estimator, catalog: Any) -> WithStages | None:
     for join in root.input.walk():
         if not isinstance(join, Join):
             continue
-        for c in conjuncts(join.on):
-            if not (isinstance(c, Binary) and c.op == "="):
+        for small_expr, key, small, big in equi_sides(join):
+            if not (isinstance(small_expr, Column) and isinstance(key, Column)):
                 continue
-            for small_expr, key in ((c.left, c.right), (c.right, c.left)):
-                for small, big, big_is_right in (
-                    (join.left, join.right, True),
-                    (join.right, join.left, False),
-                ):
-                    if not big_is_right and join.how != "inner":
-                        continue
-                    if not (isinstance(small_expr, Column) and isinstance(key, Column)):
-                        continue
-                    if small_expr.source not in aliases(small) or not _stage_side(small):
-                        continue
-                    if key.source not in aliases(big):
-                        continue
-                    out = _try(root, names, small, big, small_expr, key, est, catalog)
-                    if out is not None:
-                        return out
+            if small_expr.source not in aliases(small) or not _stage_side(small):
+                continue
+            if key.source not in aliases(big):
+                continue
+            out = _try(root, names, small, big, small_expr, key, est, catalog)
+            if out is not None:
+                return out
     return None
 
 
