@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from fixtures.optimizer import world
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dsl.loader import load_text
 from fabric.execute import execute, physical
@@ -194,3 +196,51 @@ def test_units_ready_together_share_the_pool(cat) -> None:  # type: ignore[no-un
     for alias in ("a", "b"):  # b takes a's keys: both go to the pool
         assert "ran inline" not in line(text, alias), text
     assert "ran inline (ready alone)" in line(text, "f"), text
+
+
+_TEXT = st.one_of(
+    st.none(), st.sampled_from(["", "a", "A", "b", "é", "a ", "zz", "\u00ff", "日本"])
+)
+_FLOAT = st.one_of(
+    st.none(),
+    st.sampled_from([0.0, -0.0, 1.5, -2.25, float("inf"), float("-inf"), float("nan")]),
+    st.floats(-1e6, 1e6, allow_nan=False),
+)
+_DEC = st.one_of(st.none(), st.decimals(-1000, 1000, places=2, allow_nan=False))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_TEXT, _TEXT, _FLOAT, _DEC), min_size=0, max_size=40))
+def test_random_pyarrow_aggregates_equal_duckdb(rows) -> None:  # type: ignore[no-untyped-def]
+    """Random tables (NULL keys, empty and non-ASCII strings, -0.0, infinities, NaN,
+    DECIMAL): whichever engine the planner picks (pyarrow, or DuckDB when a NaN is under
+    min / max), the answer is DuckDB's over the same table."""
+    t = pa.table(
+        {
+            "id": pa.array(range(len(rows)), pa.int64()),
+            "kind": pa.array([r[0] for r in rows], pa.string()),
+            "sym": pa.array([r[1] for r in rows], pa.string()),
+            "score": pa.array([r[2] for r in rows], pa.float64()),
+            "price": pa.array([r[3] for r in rows], pa.decimal128(9, 2)),
+        }
+    )
+    tables = world.make_tables()
+    tables["rnd"] = t
+    binding = """
+binding: rnd
+sources:
+  e: {from: memory://t/rnd, where: e.id >= 0}
+select: [e.kind, count(*) as n, count(e.score) as scored, count_distinct(e.sym) as syms,
+         min(e.score) as lo, max(e.score) as hi, min(e.sym) as first, max(e.sym) as last,
+         min(e.price) as cheap, max(e.price) as dear]
+group_by: [e.kind]
+"""
+    _, res = run(world.catalog(tables), binding)
+    con = duckdb.connect()
+    con.register("rnd", t)
+    want = con.execute(
+        "SELECT kind, count(*), count(score), count(DISTINCT sym), min(score), max(score), "
+        "min(sym), max(sym), min(price), max(price) FROM rnd WHERE id >= 0 GROUP BY kind"
+    ).fetchall()
+    got = [tuple(r.values()) for r in res.table.to_pylist()]
+    assert norm(got) == norm(want)
