@@ -703,7 +703,7 @@ def _shards(
             "a sharded dataset needs key: (the column that decides a row's shard)",
             y.key_span(dm, "shards"),
         )
-    for other in ("embed", "retention"):
+    for other in ("retention",):
         if other in dm and n > 1:
             raise y.error(
                 f"{other}: is not supported on a sharded dataset yet",

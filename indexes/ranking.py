@@ -59,21 +59,57 @@ def query_tokens(text: str) -> list[str]:
     return list(dict.fromkeys(match_tokens(text)))
 
 
+def corpus_statistics(ds: Any, column: str, tokens: Sequence[str]) -> dict[str, Any]:
+    """What BM25 needs of a dataset's whole corpus for ``tokens``: ``docs`` (N),
+    ``total_len`` and each token's ``df``. Every row lives in one shard, so a sharded
+    dataset's statistics are its shards' added up (``add_corpus``), and scoring each
+    shard with them (``bm25(..., corpus=)``) gives every row the score one dataset
+    holding all the rows would."""
+    inv = ds.inverted.get(column)
+    if inv is None:
+        return {"docs": 0, "total_len": 0, "df": {}}
+    return {
+        "docs": int(inv.docs),
+        "total_len": int(inv.total_len),
+        "df": {t: len(inv.postings.get(t, ())) for t in tokens},
+    }
+
+
+def add_corpus(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The corpus statistics of the union of disjoint row sets (``corpus_statistics``)."""
+    df: dict[str, int] = {}
+    for p in parts:
+        for t, n in p["df"].items():
+            df[t] = df.get(t, 0) + int(n)
+    return {
+        "docs": sum(int(p["docs"]) for p in parts),
+        "total_len": sum(int(p["total_len"]) for p in parts),
+        "df": df,
+    }
+
+
 def bm25(
-    inv: Any, tokens: Sequence[str], within: BitMap | None = None, k1: float = K1, b: float = B
+    inv: Any,
+    tokens: Sequence[str],
+    within: BitMap | None = None,
+    k1: float = K1,
+    b: float = B,
+    corpus: Mapping[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(row ids, BM25 scores) of the rows holding a token, restricted to ``within``;
-    row ids ascending, scores float64."""
-    n = inv.docs
+    row ids ascending, scores float64. ``corpus`` (``corpus_statistics``, of a larger
+    corpus this index holds a part of): N, avgdl and df from it instead of this index."""
+    n = inv.docs if corpus is None else int(corpus["docs"])
     if n <= 0 or not tokens:
         return np.empty(0, np.int64), np.empty(0, np.float64)
-    avgdl = inv.total_len / n if inv.total_len else 1.0
+    total_len = inv.total_len if corpus is None else int(corpus["total_len"])
+    avgdl = total_len / n if total_len else 1.0
     bms, ids_parts, score_parts = [], [], []
     for t in tokens:
         bm = inv.postings.get(t)
         if not bm:
             continue
-        df = len(bm)
+        df = len(bm) if corpus is None else int(corpus["df"].get(t, len(bm)))
         idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
         if within is not None:
             bm = bm & within
@@ -177,13 +213,15 @@ def keyword_search(
     params: Mapping[str, Any],
     *,
     strategy: str | None = None,
+    corpus: Mapping[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, KeywordExplain]:
     """The k rows with the highest BM25 score for ``text`` among live rows satisfying
     ``where``. Caller holds the dataset's read lock. Both strategies are exact:
     ``prefilter`` evaluates the filter on the rows holding a query token, then scores the
     survivors; ``postfilter`` scores every such row and tests the filter on the best ones,
     a growing chunk at a time, until k pass (cheaper when the filter passes most rows
-    and costs per row, e.g. a residual over the text)."""
+    and costs per row, e.g. a residual over the text). ``corpus``: score with a larger
+    corpus's N, avgdl and df (a shard of a sharded dataset; ``corpus_statistics``)."""
     from indexes.cost import CostModel
     from indexes.filters import compile_filter
     from indexes.retrieval import materialize_ms
@@ -207,6 +245,8 @@ def keyword_search(
     tokens = query_tokens(text)
     info = KeywordExplain(column, text, k, len(ds.live))
     info.terms = [(t, len(inv.postings.get(t, ()))) for t in tokens]
+    if corpus is not None:  # the df it scores with: the whole corpus's
+        info.terms = [(t, int(corpus["df"].get(t, d))) for t, d in info.terms]
     bms = [inv.postings[t] for t in tokens if t in inv.postings]
     union = BitMap.union(*bms) if len(bms) > 1 else (bms[0] if bms else BitMap())
     info.term_rows = len(union)
@@ -234,17 +274,17 @@ def keyword_search(
     info.forced = strategy is not None
     info.plan_ms = (time.perf_counter() - t0) * 1e3
     if pred is None:
-        ids, scores = bm25(inv, tokens)
+        ids, scores = bm25(inv, tokens, corpus=corpus)
         info.scored = len(ids)
         ids, scores = top(ids, scores, k)
     elif info.chosen == "prefilter":
         within = pred.evaluate(union) & ds.live if union else BitMap()
         info.checked = len(union)
-        ids, scores = bm25(inv, tokens, within)
+        ids, scores = bm25(inv, tokens, within, corpus=corpus)
         info.scored = len(ids)
         ids, scores = top(ids, scores, k)
     else:  # postfilter: best first, the filter tested on growing chunks
-        all_ids, all_scores = bm25(inv, tokens)
+        all_ids, all_scores = bm25(inv, tokens, corpus=corpus)
         info.scored = len(all_ids)
         order = np.lexsort((all_ids, -all_scores))
         keep: list[np.ndarray] = []
@@ -329,11 +369,18 @@ def decay(
 ) -> np.ndarray:
     """0.5 ** (age / half_life) per row (age clipped at 0; a null timestamp gives 0)."""
     col = ds._scalar_table().column(column)
-    t = col.type
+    return decay_of(col.take(pa.array(rowids, pa.int64())), column, half_life_s, now)
+
+
+def decay_of(values: Any, column: str, half_life_s: float, now: dt.datetime) -> np.ndarray:
+    """``decay`` of the timestamps ``values`` (an Arrow array of ``column``'s)."""
+    t = values.type
     if not pa.types.is_timestamp(t):
         raise DatasetError(f"recency column {column!r} is {t}, not a timestamp")
-    raw = col.take(pa.array(rowids, pa.int64())).cast(pa.int64())
-    us = np.asarray(raw.to_numpy(), np.float64) * _US[t.unit]  # nulls -> nan
+    raw = values.cast(pa.int64())
+    if isinstance(raw, pa.ChunkedArray):
+        raw = raw.combine_chunks()
+    us = np.asarray(raw.to_numpy(zero_copy_only=False), np.float64) * _US[t.unit]  # nulls: nan
     age_s = np.maximum(now.timestamp() - us / 1e6, 0.0)
     out = np.power(0.5, age_s / half_life_s)
     out[np.isnan(us)] = 0.0
@@ -400,13 +447,15 @@ def rank(
     columns: Sequence[str] | None = None,
     strategy: str | None = None,
     keyword_strategy: str | None = None,
+    corpus: Mapping[str, Any] | None = None,
 ) -> tuple[pa.Table, RankExplain]:
     """Ranked retrieval over ``ds``: a keyword arm (``text = (column, query, k)``), a vector
     arm (``vector = (column, query vector, k)``) or both, fused by ``fusion`` (RRF, needed
     when both are given). Returns the rows (``columns``) plus ``_distance`` (float32, the
     vector arm's; null where the row came from the keyword arm only), ``_bm25`` (float64,
     null where it came from the vector arm only) and ``_score`` (float64: the fused score,
-    or BM25 without fusion), best first."""
+    or BM25 without fusion), best first. ``corpus``: the keyword arm's N, avgdl and df
+    of a larger corpus (``keyword_search``)."""
     from indexes import retrieval
 
     params = dict(params or {})
@@ -428,7 +477,14 @@ def rank(
             ds.learn(info.vector.feedback)
         if text is not None:
             k_ids, k_s, info.keyword = keyword_search(
-                ds, text[0], text[1], text[2], where, params, strategy=keyword_strategy
+                ds,
+                text[0],
+                text[1],
+                text[2],
+                where,
+                params,
+                strategy=keyword_strategy,
+                corpus=corpus,
             )
         if fusion is None:
             assert k_ids is not None  # a vector arm alone comes with a fusion

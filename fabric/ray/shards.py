@@ -40,9 +40,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.base import (
-    SourceError,
-)
 from connectors.dataset import DatasetSource
 
 __all__ = [
@@ -69,9 +66,11 @@ class ShardActor:
         indexes: Mapping[str, Any],
         state_dir: str,
         kafka: Mapping[str, Any] | None = None,
+        embed: Sequence[Any] = (),
     ):
         import os
 
+        from fabric import embed as embedding
         from fabric.ingest import checkpoint
         from indexes.dataset import Dataset
 
@@ -85,6 +84,9 @@ class ShardActor:
             if loaded.value is not None
             else Dataset.create(f"{name}#{shard}", schema, key, indexes)
         )
+        # embed: (fabric.embed) computed in this shard, in batches, as its rows arrive
+        # (its Kafka feed or its part of an upsert), the same filler a local dataset has
+        self.dataset.computed = embedding.filler(embed, schema)
         self.resumed = {int(p): int(o) for p, o in (ck.offsets if ck else {}).items()}
         self.loaded_rows = self.dataset.count()
         self.started_at = time.time()
@@ -134,6 +136,9 @@ class ShardActor:
 
     def upsert(self, table: pa.Table) -> int:
         return self.dataset.upsert(table)
+
+    def delete(self, keys: Sequence[Any]) -> int:
+        return self.dataset.delete(keys)
 
     def ping(self, *args: Any, busy_ms: float = 0.0) -> tuple[Any, float, Any]:
         """A search's call without the search (benchmarks/scale.py): the same arguments
@@ -187,6 +192,43 @@ class ShardActor:
         limit: int | None = None,
     ) -> pa.Table:
         return self.dataset.scan(where, params, columns, limit)
+
+    def corpus(self, column: str, tokens: Sequence[str]) -> dict[str, Any]:
+        """This shard's BM25 statistics for ``tokens`` (indexes.ranking.corpus_statistics)."""
+        from indexes.ranking import corpus_statistics
+
+        with self.dataset.lock.read():
+            return corpus_statistics(self.dataset, column, tokens)
+
+    def rank(
+        self,
+        vector: tuple[str, Any, int] | None,
+        text: tuple[str, str, int] | None,
+        where: Any,
+        params: Mapping[str, Any],
+        columns: Sequence[str] | None,
+        corpus: Mapping[str, Any] | None,
+        strategy: str | None = None,
+    ) -> tuple[pa.Table | None, pa.Table | None, Any, Any, float]:
+        """Each arm's k best of this shard: the vector arm's rows with ``_distance``, the
+        keyword arm's with ``_bm25`` scored with the whole dataset's ``corpus``
+        statistics; their explains and this shard's time (ms)."""
+        from indexes.ranking import rank
+
+        t0 = time.perf_counter()
+        vt = kt = vi = ki = None
+        if vector is not None:
+            vt, vi = self.dataset.search(
+                vector[0], vector[1], vector[2], where, params, columns=columns, strategy=strategy
+            )
+            vi = copy.copy(vi)
+            vi.fallback = None
+        if text is not None:
+            kt, info = rank(
+                self.dataset, text=text, where=where, params=params, columns=columns, corpus=corpus
+            )
+            ki = info.keyword
+        return vt, kt, vi, ki, (time.perf_counter() - t0) * 1000
 
     def statistics(self) -> dict[str, Any]:
         return self.dataset.statistics()
@@ -325,6 +367,134 @@ def _weakest(guarantees: list[str]) -> str:
     return "graph" if "graph" in guarantees else "exact"
 
 
+def _top(tables: Sequence[pa.Table | None], by: str, ascending: bool, key: str, k: int) -> pa.Table:
+    """The k best rows of the shards' answers by ``by`` (ties by key)."""
+    have = [t for t in tables if t is not None]
+    merged = pa.concat_tables([t for t in have if t.num_rows] or have[:1])
+    order = pc.sort_indices(
+        merged,
+        sort_keys=[(by, "ascending" if ascending else "descending"), (key, "ascending")],
+    )
+    return merged.take(order[:k])
+
+
+def _fuse(
+    v_top: pa.Table | None,
+    k_top: pa.Table | None,
+    fusion: Any,
+    params: Mapping[str, Any],
+    key: str,
+    want: list[str],
+    vector: Any,
+    text: Any,
+) -> pa.Table:
+    """RRF of the merged arms (``indexes.ranking.rank``'s fusion, on keys): the rows
+    ``want`` plus ``_distance``, ``_bm25`` and ``_score``, best first."""
+    import datetime as dt
+
+    from indexes.ranking import NOW_PARAM, decay_of, rrf
+
+    arms = [t for t in (v_top, k_top) if t is not None]
+    keys = sorted({k for t in arms for k in t.column(key).to_pylist()})
+    code = {k: i for i, k in enumerate(keys)}  # ties by key, as row ids tie locally
+    ranked = [np.array([code[k] for k in t.column(key).to_pylist()], np.int64) for t in arms]
+    ids, score = rrf(ranked, fusion.rrf_k)
+    rows = pa.concat_tables(
+        [
+            t.select(
+                list(dict.fromkeys([*want, key, *([fusion.recency] if fusion.recency else [])]))
+            )
+            for t in arms
+        ]
+    )
+    first: dict[int, int] = {}
+    for i, k in enumerate(rows.column(key).to_pylist()):
+        first.setdefault(code[k], i)
+    take = pa.array([first[int(c)] for c in ids], pa.int64())
+    picked = rows.take(take)
+    if fusion.recency is not None and fusion.half_life_s and len(ids):
+        now = params.get(NOW_PARAM)
+        if not isinstance(now, dt.datetime):
+            now = dt.datetime.now(dt.UTC)
+        score = score * decay_of(
+            picked.column(fusion.recency), fusion.recency, fusion.half_life_s, now
+        )
+        order = np.argsort(-score, kind="stable")  # ties keep the fused order
+        ids, score, picked = ids[order], score[order], picked.take(pa.array(order))
+    limit = fusion.limit or max(
+        vector[2] if vector is not None else 0, text[2] if text is not None else 0
+    )
+    ids, score, picked = ids[:limit], score[:limit], picked.slice(0, limit)
+    out = picked.select(want)
+    for t, col, typ in ((v_top, "_distance", pa.float32()), (k_top, "_bm25", pa.float64())):
+        if t is None:
+            continue
+        val = dict(zip(t.column(key).to_pylist(), t.column(col).to_pylist(), strict=True))
+        out = out.append_column(
+            pa.field(col, typ), pa.array([val.get(k) for k in picked.column(key).to_pylist()], typ)
+        )
+    return out.append_column(pa.field("_score", pa.float64()), pa.array(score, pa.float64()))
+
+
+class ShardedRankExplain:
+    """What a ranked retrieval over shards did: each shard's arms' explains and time, the
+    whole dataset's corpus statistics the keyword arm scored with."""
+
+    def __init__(
+        self,
+        vector: list[Any],
+        keyword: list[Any],
+        fusion: Any,
+        shard_ms: list[float],
+        corpus: Mapping[str, Any] | None,
+        rows: int,
+        elapsed_ms: float,
+    ):
+        self.vector, self.keyword, self.fusion = vector, keyword, fusion
+        self.shard_ms, self.corpus = shard_ms, corpus
+        self.rows, self.elapsed_ms = rows, elapsed_ms
+
+    @property
+    def executed(self) -> str:
+        arms = []
+        if self.vector[0] is not None:
+            arms.append("vector " + _one_or_mixed([v.executed or v.chosen for v in self.vector]))
+        if self.keyword[0] is not None:
+            arms.append("keyword " + _one_or_mixed([k.chosen for k in self.keyword]))
+        return " + ".join(arms) + (" -> rrf" if self.fusion is not None else "")
+
+    chosen = executed
+
+    @property
+    def guarantee(self) -> str:
+        gs = [v.guarantee or "" for v in self.vector if v is not None]
+        gs += [k.guarantee for k in self.keyword if k is not None]
+        bad = [g for g in gs if g != "exact"]
+        return bad[0] if bad else "exact"
+
+    def lines(self) -> list[str]:
+        n = len(self.shard_ms)
+        out = [
+            f"ShardedRank: {self.executed} over {n} shards -> {self.rows} rows "
+            f"({self.elapsed_ms:.2f} ms; guarantee {self.guarantee})"
+        ]
+        if self.corpus is not None:
+            df = ", ".join(f"{t} (df {d})" for t, d in self.corpus["df"].items()) or "(none)"
+            out.append(
+                f"  bm25 statistics gathered from {n} shards: {self.corpus['docs']} rows, "
+                f"{self.corpus['total_len']} tokens; {df}"
+            )
+        for i, ms in enumerate(self.shard_ms):
+            out.append(f"  shard {i} ({ms:.2f} ms):")
+            for arm in (self.vector[i], self.keyword[i]):
+                if arm is not None:
+                    out += ["    " + ln for ln in arm.lines()]
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
 def shard_of(key: Any, shards: int) -> int:
     return zlib.crc32(repr(key).encode()) % shards
 
@@ -344,6 +514,7 @@ class ShardedDataset:
         state_dir: str | Path,
         kafka: Mapping[str, Any] | None = None,
         max_lag: int = 1000,
+        embed: Sequence[Any] = (),
     ):
         import ray
 
@@ -376,7 +547,14 @@ class ShardedDataset:
             ]
         self.actors: list[Any] = [
             actor.options(name=None).remote(
-                name, i, schema, key, dict(indexes), str(Path(state_dir) / f"shard-{i}"), feeds[i]
+                name,
+                i,
+                schema,
+                key,
+                dict(indexes),
+                str(Path(state_dir) / f"shard-{i}"),
+                feeds[i],
+                tuple(embed),
             )
             for i in range(shards)
         ]
@@ -395,6 +573,17 @@ class ShardedDataset:
             if part.num_rows:
                 refs.append(a.upsert.remote(part))
         return sum(ray.get(refs))
+
+    def delete(self, keys: Sequence[Any]) -> int:
+        """Delete rows by key, each by the shard that holds it; returns rows deleted."""
+        import ray
+
+        owner: list[list[Any]] = [[] for _ in range(self.n)]
+        for k in keys:
+            owner[shard_of(k, self.n)].append(k)
+        return sum(
+            ray.get([a.delete.remote(ks) for a, ks in zip(self.actors, owner, strict=True) if ks])
+        )
 
     # ---- reads
     def ping(
@@ -519,6 +708,73 @@ class ShardedDataset:
         info.actual_rows = merged.num_rows
         return merged, info
 
+    def rank(
+        self,
+        *,
+        vector: tuple[str, Any, int] | None = None,
+        text: tuple[str, str, int] | None = None,
+        fusion: Any = None,
+        where: Any = None,
+        params: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        strategy: str | None = None,
+    ) -> tuple[pa.Table, ShardedRankExplain]:
+        """Ranked retrieval over every shard, the answer one dataset holding every row
+        gives (``indexes.ranking.rank``): BM25 in two rounds -- every shard's N, token
+        lengths and document frequencies of the query's tokens are gathered and added up
+        first (each row lives in one shard, so the sums are the whole dataset's), then
+        every shard scores its rows with those and returns its k best; the global k best
+        are among them. A vector arm is each shard's k nearest, merged. Fusion (RRF, the
+        recency decay, ``limit``) runs here on the merged arms' global ranks. Ties break
+        by key (a local dataset breaks them by row id, the order rows were first
+        written in)."""
+        import ray
+
+        from indexes.ranking import Fusion, add_corpus, query_tokens
+
+        t0 = time.perf_counter()
+        params = dict(params or {})
+        if vector is not None and text is not None and fusion is None:
+            fusion = Fusion()
+        corpus = None
+        if text is not None:
+            tokens = query_tokens(text[1]) if isinstance(text[1], str) else []
+            corpus = add_corpus(ray.get([a.corpus.remote(text[0], tokens) for a in self.actors]))
+        want = list(columns) if columns is not None else list(self.schema.names)
+        extra = [self.key] + ([fusion.recency] if fusion is not None and fusion.recency else [])
+        cols = list(dict.fromkeys([*want, *[c for c in extra if c]]))
+        if vector is not None:
+            vector = (vector[0], np.asarray(vector[1], dtype=np.float32), vector[2])
+        parts = ray.get(
+            [
+                a.rank.remote(vector, text, where, params, cols, corpus, strategy)
+                for a in self.actors
+            ]
+        )
+        self.last_shard_ms = [p[4] for p in parts]
+        v_top = k_top = None
+        if vector is not None:
+            v_top = _top([p[0] for p in parts], "_distance", True, self.key, vector[2])
+        if text is not None:
+            k_top = _top([p[1] for p in parts], "_bm25", False, self.key, text[2])
+        if fusion is None:
+            assert k_top is not None
+            out = k_top.select([*want, "_bm25"]).append_column(
+                pa.field("_score", pa.float64()), k_top.column("_bm25")
+            )
+        else:
+            out = _fuse(v_top, k_top, fusion, params, self.key, want, vector, text)
+        info = ShardedRankExplain(
+            [p[2] for p in parts],
+            [p[3] for p in parts],
+            fusion,
+            self.last_shard_ms,
+            corpus,
+            out.num_rows,
+            (time.perf_counter() - t0) * 1000,
+        )
+        return out, info
+
     def scan(
         self,
         where: Any = None,
@@ -575,8 +831,8 @@ class ShardedSource(DatasetSource):
     dataset answers the same calls, gathering every shard's): ``search`` scatters to every
     shard and merges the global top-k. A scan's rows come shard by shard (no order is
     promised without order_by, as for a local dataset). Ranked retrieval (``search:`` /
-    ``rank:``, BM25) is refused: each shard's term statistics are its own, so its scores
-    would not be one dataset's."""
+    ``rank:``) gathers every shard's BM25 statistics first, so the scores are one
+    dataset's (``ShardedDataset.rank``)."""
 
     dataset: Any  # a ShardedDataset
 
@@ -609,12 +865,28 @@ class ShardedSource(DatasetSource):
             guards=guards,
         )
 
-    def rank(self, **_kw: Any) -> tuple[pa.Table, Any]:
-        raise SourceError(
-            self.uri,
-            f"ranked retrieval (search: / rank:) over a dataset sharded in {self.dataset.n} "
-            "shards is not supported: each shard's BM25 statistics are its own",
-            hint="use nearest: on a sharded dataset, or declare it without shards: for ranking",
+    def rank(  # type: ignore[override]  # the sharded explain
+        self,
+        *,
+        vector: tuple[str, Any, int] | None = None,
+        text: tuple[str, str, int] | None = None,
+        fusion: tuple[int, int | None, str | None, float | None] | None = None,
+        filters: Sequence[Any] = (),
+        params: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> tuple[pa.Table, ShardedRankExplain]:
+        """``search:`` / ``rank:`` over every shard (``ShardedDataset.rank``: BM25 with
+        the whole dataset's statistics, fusion on the merged arms)."""
+        from dsl.ast import and_all
+        from indexes.ranking import Fusion
+
+        return self.dataset.rank(
+            vector=vector,
+            text=text,
+            fusion=Fusion(*fusion) if fusion is not None else None,
+            where=and_all(list(filters)),
+            params=params or {},
+            columns=columns,
         )
 
 
@@ -666,6 +938,7 @@ def open_sharded(
         shards=decl.shards,
         state_dir=state_dir,
         kafka=kafka,
+        embed=decl.embed,
     )
     ds.fed_from_kafka = bool(decl.from_uri and decl.from_uri.startswith("kafka://"))
     return ds
