@@ -13,7 +13,14 @@ measured key count, not the estimate. The big source must support an ``in`` filt
 ``b`` (EXACT or INEXACT: the join re-checks every key either way).
 
 ``a`` must come from a single source; its keys are read from that source's unit (scan +
-filters + derived columns), which runs first. Only the inner side of a left join may be
+filters + derived columns), which runs first. When the side of ``a`` is too big to key
+``b`` but holds an inner equality ``a = c`` (``_equivalents``: through inner joins, same
+type), ``b`` takes the keys of ``c`` instead, if they are estimated to keep at most half
+of its rows: every row of that side has ``a`` equal to some ``c`` of ``c``'s unit
+(TPC-H Q9: partsupp joins lineitem x part on ``ps_partkey = l_partkey``, too many rows
+to key it, but ``l_partkey = p_partkey``: 4,300 partsupp rows for 4,299 needed, was
+80,000). Keys that can only be a subset of keys the scan already takes (their unit is a
+bare scan keyed by the same keys) are not added. Only the inner side of a left join may be
 filtered. A filter that would make two sources wait on each other is not added.
 
 The same filter goes into a stage's scan from a correlated ``exists(S where S.k = x.k
@@ -97,7 +104,66 @@ def _first_candidate(root: Plan, node: Plan, est: Estimator, catalog: Any) -> Pl
         out = _try(root, node, small, big, small_expr, key, est, catalog)
         if out is not None:
             return out
+        if not isinstance(small_expr, Column):
+            continue
+        target = _target(big, key)
+        if target is None or any(d.column == target[1] for d in target[0].dynamic):
+            continue
+        # the same values through an inner equality inside the small side (transitive)
+        alts = sorted(_equivalents(small, small_expr), key=est.keys_estimate)
+        for alt in alts:
+            out = _try(root, node, small, big, alt, key, est, catalog, must_reduce=True)
+            if out is not None:
+                return out
     return None
+
+
+def _equivalents(side: Plan, col: Column) -> list[Column]:
+    """Columns of ``side`` equal to ``col`` in every row of ``side``, through the
+    ``a = b`` conjuncts of the inner joins inside it (below Filter / Derive / Sort and
+    inner joins only: an outer join's unmatched rows break the equality, and a stage's
+    select or an aggregate renames); the same Arrow type as ``col``, not derived."""
+    pairs: list[tuple[Column, Column]] = []
+
+    def visit(node: Plan) -> None:
+        if isinstance(node, Filter | Derive | Sort):
+            visit(node.input)
+        elif isinstance(node, Join):
+            if node.how == "inner":
+                for c in conjuncts(node.on):
+                    if (
+                        isinstance(c, Binary)
+                        and c.op == "="
+                        and isinstance(c.left, Column)
+                        and isinstance(c.right, Column)
+                    ):
+                        pairs.append((c.left, c.right))
+            visit(node.left)
+            visit(node.right)
+
+    visit(side)
+    names = set(side.schema.names)
+    if col.qualified not in names:
+        return []
+    typ = side.schema.field(col.qualified).type
+    derived = derived_names(side)
+    found, todo = {col}, [col]
+    while todo:
+        x = todo.pop()
+        for a, b in pairs:
+            for u, v in ((a, b), (b, a)):
+                if u == x and v not in found:
+                    found.add(v)
+                    todo.append(v)
+    return [
+        c
+        for c in found
+        if c != col
+        and c.source is not None
+        and c.qualified in names
+        and c.qualified not in derived
+        and side.schema.field(c.qualified).type == typ
+    ]
 
 
 def _exists_candidate(root: Plan, est: Estimator, catalog: Any) -> Plan | None:
@@ -256,10 +322,12 @@ def _try(
     est: Estimator,
     catalog: Any,
     share: float | None = None,
+    must_reduce: bool = False,
 ) -> Plan | None:
     """Add ``key in keys(from_expr)`` to the scan of ``key`` below ``big``; with ``share``
     only when the estimated keys are at most that share of ``big``'s rows, and pushed at
-    run time only up to that many measured keys (``max_keys``)."""
+    run time only up to that many measured keys (``max_keys``); with ``must_reduce`` only
+    when the keys are estimated to keep at most half of the scan's rows."""
     if len(sources_of(from_expr)) != 1:
         return None
     from_alias = next(iter(sources_of(from_expr)))
@@ -283,6 +351,8 @@ def _try(
             return None
     if _depends_on(root, from_alias, scan.alias):
         return None
+    if _subset_of_pushed(est, from_expr, scan, column):
+        return None
     probe = InList(Column(column), Param("__dyn_probe"))
     if ask_filter(catalog, scan.uri, probe) not in (Pushdown.EXACT, Pushdown.INEXACT):
         return None
@@ -296,7 +366,23 @@ def _try(
     new_scan = dataclasses.replace(
         scan, dynamic=(*scan.dynamic, DynamicFilter(column, from_expr, max_keys, ranged))
     )
+    if must_reduce and est.scan_rows(new_scan) > 0.5 * est.scan_rows(scan):
+        return None
     return replace_node(root, scan, new_scan)
+
+
+def _subset_of_pushed(est: Estimator, from_expr: Expr, scan: Scan, column: str) -> bool:
+    """Whether the keys of ``from_expr`` can only be a subset of keys ``scan`` already
+    takes on ``column``: ``from_expr`` is a column of a bare scan (no filter of its own)
+    that is itself keyed by those same keys (c2 keyed by k's skus: o, keyed by k's skus,
+    gains nothing from c2's, and would wait for c2)."""
+    if not isinstance(from_expr, Column):
+        return False
+    unit = est.units.get(from_expr.source or "")
+    if not isinstance(unit, Scan) or unit.exact or unit.inexact:
+        return False
+    mine = {d.from_expr for d in scan.dynamic if d.column == column}
+    return any(d.column == from_expr.name and d.from_expr in mine for d in unit.dynamic)
 
 
 def _target(big: Plan, key: Column) -> tuple[Scan, str] | None:
