@@ -136,6 +136,14 @@ class Fabric:
                 )
                 src = ShardedSource(f"dataset://{name}", self.sharded[name])
                 self.catalog.register_dataset(name, src)
+                if d.refresh is not None:  # from a table, collection or file
+                    from fabric.datasets import DatasetDecl
+                    from fabric.ray.shards import ShardedRefresher
+
+                    decl = DatasetDecl.from_config(d)
+                    r = mgr.refreshers[name] = ShardedRefresher(mgr, decl, self.sharded[name])
+                    if ingest:
+                        r.start()
         self.catalog.freshness = self._source_freshness  # type: ignore[attr-defined]
         if self.tracer is not None:  # data_stale / data_fresh on the session timelines
             self.tracer.attach(self.service.tracker)
@@ -163,11 +171,13 @@ class Fabric:
         (``DatasetManager.broker_lag``); a refreshed one compares its refresh watermark
         with the source's (``DatasetManager.refresh_freshness``)."""
         name = uri[len("dataset://") :] if uri.startswith("dataset://") else uri
-        if name in self.sharded:  # every shard's lag (fabric.ray.shards.sharded_freshness)
+        mgr = self.service.manager
+        if name in self.sharded:  # refreshed: its refresher's; else every shard's lag
             from fabric.ray.shards import sharded_freshness
 
+            if name in mgr.refreshers:
+                return mgr.refresh_freshness(name)
             return sharded_freshness(self.sharded[name])
-        mgr = self.service.manager
         decl = mgr.decls.get(name)
         if decl is None:
             return None

@@ -635,7 +635,7 @@ def _datasets(
             desc = y.string(dm, "description", "description") if "description" in dm else None
             refresh = _refresh(L, dm, schema, from_uri, conns)
             embeds = _embed(L, dm, schema, key_col) if "embed" in dm else ()
-            shards, shard_by = _shards(L, dm, from_uri, key_col)
+            shards, shard_by = _shards(L, dm, from_uri, key_col, refresh)
             out[name] = DatasetConfig(
                 name,
                 schema,
@@ -659,7 +659,11 @@ def _datasets(
 
 
 def _shards(
-    L: _Loader, dm: YamlMap, from_uri: str | None, key: str | None
+    L: _Loader,
+    dm: YamlMap,
+    from_uri: str | None,
+    key: str | None,
+    refresh: RefreshConfig | None = None,
 ) -> tuple[int, str | None]:
     """``shards: N`` and ``shard_by: partition | key`` of a dataset (executor: ray runs
     the shards as actors; fabric.ray.shards)."""
@@ -681,12 +685,12 @@ def _shards(
             f"unknown shard_by '{by}'", y.value_span(dm, "shard_by"), did_you_mean(by, SHARD_BY)
         )
     where = y.value_span(dm, "shard_by") if "shard_by" in dm else y.key_span(dm, "shards")
-    if kind not in (None, "kafka") and n > 1:
+    if refresh is not None and refresh.mode == "changes" and n > 1:
         raise y.error(
-            f"a dataset refreshed from {kind}:// cannot be sharded yet (shards apply to "
-            "datasets fed from kafka:// or filled through upsert)",
+            "a sharded dataset cannot follow a change stream (refresh mode changes applies "
+            "one change at a time: a Ray call per change)",
             y.key_span(dm, "shards"),
-            "remove shards:, or feed the dataset from a Kafka topic",
+            "use refresh: {mode: full} or {mode: append, cursor: <column>}, or remove shards:",
         )
     if by != natural:
         raise y.error(

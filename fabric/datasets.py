@@ -631,7 +631,15 @@ class Refresher:
         )
 
     def _checkpoint(self) -> None:
-        meta = {
+        try:
+            self.manager.save(self.decl.name, self.checkpoint_meta())
+        except RuntimeError as exc:  # another process writes this state directory
+            log.info("%s", exc)
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the refresh (its watermark and cursor), read back
+        as ``meta`` when the dataset is loaded (a sharded dataset's shards keep it too)."""
+        return {
             "from": self.decl.from_uri,
             "refresh": {
                 "mode": self.mode,
@@ -641,10 +649,6 @@ class Refresher:
                 "cursor_value": _to_json(self.cursor_value),
             },
         }
-        try:
-            self.manager.save(self.decl.name, meta)
-        except RuntimeError as exc:  # another process writes this state directory
-            log.info("%s", exc)
 
     # ---------------------------------------------------------------- change streams
 

@@ -6,13 +6,16 @@ same data.
 - BM25 (``search:``) over shards gathers every shard's document count, token lengths and
   document frequencies first, so every row's score is the one a single dataset holding
   every row gives it, and the top-k over shards is the unsharded top-k (ties by key);
-  with a filter, and fused with a vector arm (RRF, recency) as ``rank:`` does.
+  with a filter, and fused with a vector arm (RRF, recency) as ``rank:`` does;
+- ``refresh:`` from a table (full and append) writes to the shards by key and
+  checkpoints in every shard, holding the rows local mode holds, also after a reopen.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import textwrap
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -209,3 +212,133 @@ def test_embed_and_search_on_a_sharded_fabric_dataset_equal_local(ray_cluster, t
             assert got.table.column("id").to_pylist() == want.column("id").to_pylist()
             assert got.table.column("_score").to_pylist() == want.column("_score").to_pylist()
             assert got.stats["sources"]["d"]["strategy"].startswith("keyword ")
+
+
+REFRESH_YAML = """\
+connections:
+  shop: {{kind: mysql, url: "{url}"}}
+executor: ray
+datasets:
+{datasets}
+bindings: [agents/]
+"""
+
+REFRESH_DATASET = """\
+  {name}:
+    from: mysql://shop/{table}
+    key: id
+    schema: {{id: int, v: int, body: str, updated_at: timestamp}}
+    indexes: {{v: btree, body: inverted}}
+    refresh: {refresh}
+"""
+
+ALL_ROWS = """\
+binding: all_{name}
+sources:
+  d: {{from: "dataset://{name}", freshness: {{max_lag: 1h, on_stale: flag}}}}
+select: [d.id, d.v]
+"""
+
+
+def _sorted(t: pa.Table) -> pa.Table:
+    return t.take(pc.sort_indices(t, [("id", "ascending")]))
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+@pytest.mark.mariadb
+def test_refresh_on_shards_equals_local_and_resumes_from_the_shards_checkpoints(
+    ray_cluster, tmp_path, mariadb_url
+) -> None:
+    """The same MariaDB table refreshed into local datasets and into datasets of 2
+    shards, ``mode: full`` (rows gone from the table are deleted) and ``mode: append``
+    (by a cursor): after the first refresh, after updates, deletes and inserts and a
+    refresh, and after a reopen (rows and cursor from the shards' checkpoints) the
+    sharded rows equal the local ones, and so do what each refresh read and deleted."""
+    import sqlalchemy as sa
+
+    import fabric
+
+    table = f"r_items_{int(time.time() * 1000) % 10**9}"
+    eng = sa.create_engine(mariadb_url)
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    words = ["fed rates", "gold", "oil jobs", "chips ai", "bank"]
+
+    def rows(lo: int, hi: int, v: int = 0, at: int = 0) -> list[dict]:
+        return [
+            {"i": i, "v": i + v, "b": words[i % 5], "t": t0 + dt.timedelta(seconds=i + at)}
+            for i in range(lo, hi)
+        ]
+
+    insert = sa.text(f"insert into {table} values (:i, :v, :b, :t)")
+    with eng.begin() as c:
+        c.execute(
+            sa.text(
+                f"create table {table} (id int primary key, v int, body varchar(64), "
+                "updated_at datetime(6))"
+            )
+        )
+        c.execute(insert, rows(0, 400))
+    (tmp_path / "agents").mkdir()
+    modes = {
+        "full": "{mode: full, every: 1h}",
+        "app": "{mode: append, cursor: updated_at, every: 1h}",
+    }
+    blocks = []
+    for mode, refresh in modes.items():
+        for name in (f"loc_{mode}", f"shd_{mode}"):
+            blocks.append(REFRESH_DATASET.format(name=name, table=table, refresh=refresh))
+            if name.startswith("shd"):
+                blocks.append("    shards: 2\n")
+            (tmp_path / "agents" / f"{name}.yaml").write_text(ALL_ROWS.format(name=name))
+    cfg = tmp_path / "fabric.yaml"
+    cfg.write_text(REFRESH_YAML.format(url=mariadb_url, datasets="".join(blocks)))
+
+    def same(fab, mode: str) -> pa.Table:
+        loc = _sorted(fab.dataset(f"loc_{mode}").to_table())
+        shd = _sorted(fab.dataset(f"shd_{mode}").scan())
+        assert shd.equals(loc.select(shd.column_names)), mode
+        return shd
+
+    try:
+        with fabric.open(str(cfg), watch=False) as fab:
+            assert isinstance(fab.dataset("shd_full"), ShardedDataset)
+            for mode in modes:
+                assert same(fab, mode).num_rows == 400
+                res = fab.query(f"all_shd_{mode}")
+                assert res.table.num_rows == 400
+                assert res.freshness["d"]["status"] == "fresh", res.freshness
+            keys = fab.dataset("shd_full").keys_per_shard()
+            assert all(keys) and sum(map(len, keys)) == 400  # split by key
+            with eng.begin() as c:
+                c.execute(sa.text(f"delete from {table} where id < 30"))
+                c.execute(
+                    sa.text(f"update {table} set v = -v, updated_at = :t where id % 10 = 3"),
+                    {"t": t0 + dt.timedelta(seconds=1000)},
+                )
+                c.execute(insert, rows(400, 450, at=500))
+            for mode in modes:
+                want = fab.refresh(f"loc_{mode}")
+                got = fab.refresh(f"shd_{mode}")
+                assert (got["rows_read"], got["deleted"], got["mode"]) == (
+                    want["rows_read"],
+                    want["deleted"],
+                    want["mode"],
+                ), mode
+                same(fab, mode)
+            assert same(fab, "full").num_rows == 420  # 30 deleted, 50 added
+            assert same(fab, "app").num_rows == 450  # append keeps deleted rows
+        with eng.begin() as c:
+            c.execute(insert, rows(450, 460, at=600))
+        with fabric.open(str(cfg), watch=False) as fab:  # not due (every: 1h): checkpoints
+            for mode in modes:
+                assert fab.service.manager.refreshers[f"shd_{mode}"].refreshes == 0
+                same(fab, mode)
+                want = fab.refresh(f"loc_{mode}")
+                got = fab.refresh(f"shd_{mode}")
+                assert got["rows_read"] == want["rows_read"], mode  # append: past the cursor
+                same(fab, mode)
+            assert fab.refresh("shd_app")["rows_read"] == 1  # the boundary row only
+    finally:
+        with eng.begin() as c:
+            c.execute(sa.text(f"drop table if exists {table}"))

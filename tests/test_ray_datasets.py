@@ -61,7 +61,6 @@ SCHEMA_YAML = "schema: {id: str, n: int, vec: 'vector[8]'}\nkey: id\n"
             "sharded by partition",
         ),
         ("shards: 2\nshard_by: partition\n", "fabric.yaml:9:15", "use shard_by: key"),
-        ("from: mysql://shop/docs\nshards: 2\n", "fabric.yaml:9:5", "cannot be sharded yet"),
         (
             "shards: 2\nretention: 1h\ntime_column: n\n",
             "fabric.yaml:9:5",
@@ -72,6 +71,22 @@ SCHEMA_YAML = "schema: {id: str, n: int, vec: 'vector[8]'}\nkey: id\n"
 def test_sharding_config_errors_are_positioned(tmp_path, body, where, says) -> None:
     msg = error_of(SCHEMA_YAML + body, tmp_path)
     assert where + ":" in msg and says in msg, msg
+
+
+def test_a_sharded_dataset_cannot_follow_a_change_stream(tmp_path) -> None:
+    path = tmp_path / "fabric.yaml"
+    path.write_text(
+        'connections:\n  crm: {kind: mongo, url: "mongodb://127.0.0.1:1", database: crm}\n'
+        "datasets:\n  docs:\n"
+        + textwrap.indent(
+            SCHEMA_YAML + "from: mongo://crm/docs\nrefresh: {mode: changes}\nshards: 2\n", "    "
+        )
+    )
+    with pytest.raises(DslError) as info:
+        load_config(path)
+    msg = info.value.format()
+    assert "fabric.yaml:9:5:" in msg and "cannot follow a change stream" in msg, msg
+    assert "mode: full" in msg, msg
 
 
 def test_shards_parse_with_their_natural_unit(tmp_path) -> None:

@@ -41,11 +41,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.dataset import DatasetSource
+from fabric.datasets import Refresher
 
 __all__ = [
     "ShardActor",
     "ShardedDataset",
     "ShardedExplain",
+    "ShardedRefresher",
     "ShardedSource",
     "aggregate_freshness",
     "merge_statistics",
@@ -88,6 +90,7 @@ class ShardActor:
         # (its Kafka feed or its part of an upsert), the same filler a local dataset has
         self.dataset.computed = embedding.filler(embed, schema)
         self.resumed = {int(p): int(o) for p, o in (ck.offsets if ck else {}).items()}
+        self.meta = dict(ck.meta) if ck else {}  # a refreshed one's watermark and cursor
         self.loaded_rows = self.dataset.count()
         self.started_at = time.time()
         self.pid = os.getpid()
@@ -132,7 +135,17 @@ class ShardActor:
             "loaded_rows": self.loaded_rows,
             "resumed_offsets": self.resumed,
             "partitions": list(self.ingestor.partitions) if self.ingestor else [],
+            "meta": self.meta,
         }
+
+    def save(self, meta: Mapping[str, Any]) -> str:
+        """Checkpoint this shard's rows with ``meta`` (a dataset refreshed from a table,
+        collection or file: the refresh's watermark and cursor; fabric.datasets.Refresher)
+        in the shard's state directory, the scheme a Kafka-fed shard uses."""
+        from fabric.ingest import checkpoint
+
+        self.meta = {"dataset": f"{self.name}#{self.shard}", **meta}
+        return str(checkpoint.write(self.state_dir, self.dataset.save, {}, self.meta).path)
 
     def upsert(self, table: pa.Table) -> int:
         return self.dataset.upsert(table)
@@ -585,7 +598,17 @@ class ShardedDataset:
             ray.get([a.delete.remote(ks) for a, ks in zip(self.actors, owner, strict=True) if ks])
         )
 
+    def save(self, meta: Mapping[str, Any]) -> list[str]:
+        """Every shard checkpoints its rows with ``meta`` (``ShardActor.save``)."""
+        import ray
+
+        return list(ray.get([a.save.remote(dict(meta)) for a in self.actors]))
+
     # ---- reads
+    def to_table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """Every shard's rows (``scan`` without a filter), as ``Dataset.to_table``."""
+        return self.scan(columns=columns)
+
     def ping(
         self,
         column: str,
@@ -888,6 +911,35 @@ class ShardedSource(DatasetSource):
             params=params or {},
             columns=columns,
         )
+
+
+class ShardedRefresher(Refresher):
+    """``refresh:`` of a sharded dataset fed from a table, collection or file: the local
+    ``fabric.datasets.Refresher`` (the same read of the source -- as Ray tasks when the
+    scan is large --, modes, cursor and freshness) writing to the shards: each refresh's
+    rows are split by key, one ``upsert`` call per shard for the whole read (and one
+    ``delete`` per shard for the keys gone, mode full), and every shard checkpoints its
+    rows with the refresh's watermark and cursor in its own state directory. A reopen
+    resumes from the oldest shard's watermark and cursor (none at all if any shard has
+    no checkpoint: then it refreshes in full), so no shard is behind what the refresher
+    believes."""
+
+    def __init__(self, manager: Any, decl: Any, sharded: ShardedDataset):
+        self.sharded = sharded
+        metas = [i.get("meta") or {} for i in sharded.info()]
+        started = [(m.get("refresh") or {}).get("started_at") for m in metas]
+        oldest: Mapping[str, Any] = {}
+        times = [float(t) for t in started if t is not None]
+        if len(times) == len(metas):
+            oldest = metas[times.index(min(times))]
+        super().__init__(manager, decl, oldest)
+
+    @property
+    def dataset(self) -> Any:
+        return self.sharded
+
+    def _checkpoint(self) -> None:
+        self.sharded.save(self.checkpoint_meta())
 
 
 def open_sharded(
