@@ -177,28 +177,192 @@ OVERHEAD_QUERIES = {
     # 10 rows of the news dataset, in process: what is left is the service's own cost
     "dataset": "from dataset://news as n select n.id, n.symbol order by n.id limit 10",
 }
+# the paths of the decomposition, in the order of the table
+PATHS = ("embedded", "flight", "probe", "bare", "socket", "rtt", "http")
+
+
+def echo_server(reply: int, out: Any) -> None:
+    """(a) the OS / VM floor: a TCP server in a process of its own that answers every
+    request (one recv) with ``reply`` bytes."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    out.put(s.getsockname()[1])
+    c, _ = s.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    data = b"x" * reply
+    while c.recv(65536):
+        c.sendall(data)
+
+
+def probe_server(kind: str, config: str, env: dict[str, str], tables: dict, out: Any) -> None:
+    """A Flight server in a process of its own that times every ``do_get`` in the server:
+    ``bench.timings`` answers the calls since the last one as JSON, per call ``[total,
+    cpu, pre, handler, query, write]`` in seconds: from the call's start (headers
+    received, before the token check) to its completion (the last batch written), wall and
+    the thread's CPU; of it before the handler (the middlewares: the token check), in the
+    handler (``do_get``: ticket, session, query, result metadata), the query itself
+    (``fab.query`` / ``fab.query_text``), after the handler (the stream written).
+
+    (b) ``bare``: pyarrow.flight alone, no middleware but the timing, ``do_get(name)``
+    answers the 10-row table the query of that name gives (its IPC bytes in ``tables``).
+    (c') ``probe``: ``FabricFlightServer`` over ``QueryService(fabric.open(config))``, the
+    code ``fabric serve`` runs for a Flight call (without its HTTP and MCP servers)."""
+    import json
+    import threading
+
+    os.environ.update(env)
+    import pyarrow as pa
+    import pyarrow.flight as fl
+
+    from fabric.service.transport import grpc_defaults
+
+    calls: list[list[float]] = []
+    now: dict[int, list[float]] = {}  # per thread: the running call's marks
+
+    class Timed(fl.ServerMiddleware):
+        def __init__(self, method: Any) -> None:
+            self.method = method
+            self.tid = threading.get_ident()
+            self.c0 = time.thread_time()
+            self.t0 = time.perf_counter()
+            now[self.tid] = self.marks = [self.t0, 0.0, 0.0, 0.0]  # start, in, out, query
+
+        def call_completed(self, exception: Any) -> None:
+            t = time.perf_counter()
+            same = threading.get_ident() == self.tid
+            if self.method == fl.FlightMethod.DO_GET and exception is None:
+                t0, t_in, t_out, q = self.marks
+                cpu = time.thread_time() - self.c0 if same else -1.0
+                calls.append([t - t0, cpu, t_in - t0, t_out - t_in, q, t - t_out])
+
+    class TimedFactory(fl.ServerMiddlewareFactory):
+        def start_call(self, info: Any, headers: Any) -> Timed:
+            return Timed(info.method)
+
+    def timings() -> list[fl.Result]:
+        got = list(calls)
+        del calls[: len(got)]
+        return [fl.Result(json.dumps(got).encode())]
+
+    def handler(do_get: Any) -> Any:
+        def timed_do_get(context: Any, ticket: Any) -> Any:
+            marks = now[threading.get_ident()]
+            marks[1] = time.perf_counter()
+            try:
+                return do_get(context, ticket)
+            finally:
+                marks[2] = time.perf_counter()
+
+        return timed_do_get
+
+    def query(run: Any) -> Any:
+        def timed_query(*args: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return run(*args, **kw)
+            finally:
+                now[threading.get_ident()][3] += time.perf_counter() - t0
+
+        return timed_query
+
+    timed = {"bench": TimedFactory()}
+    server: Any
+    if kind == "bare":
+        by_name = {k.encode(): pa.ipc.open_stream(v).read_all() for k, v in tables.items()}
+
+        class Bare(fl.FlightServerBase):
+            def do_get(self, context: Any, ticket: Any) -> Any:
+                return fl.RecordBatchStream(by_name[ticket.ticket])
+
+            def do_action(self, context: Any, action: Any) -> Any:
+                return timings()
+
+        with grpc_defaults():
+            server = Bare("grpc://127.0.0.1:0", middleware=timed)
+    else:
+        import fabric
+        from fabric.service.core import QueryService
+        from fabric.service.flight import FabricFlightServer
+
+        fab = fabric.open(config)
+        fab.catch_up(60)
+        fab.query = query(fab.query)  # type: ignore[method-assign]
+        fab.query_text = query(fab.query_text)  # type: ignore[method-assign]
+
+        class Probe(FabricFlightServer):
+            def do_action(self, context: Any, action: Any) -> Any:
+                if action.type == "bench.timings":
+                    return timings()
+                return super().do_action(context, action)
+
+        with grpc_defaults():
+            server = Probe(QueryService(fab), "grpc://127.0.0.1:0", middleware=timed)
+    server.do_get = handler(server.do_get)
+    out.put(server.port)
+    server.serve()
+
+
+def _spawn(target: Any, *args: Any) -> tuple[Any, Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(*args, q), daemon=True)
+    p.start()
+    return p, q.get(timeout=300)
 
 
 def overhead(
     config: Path, grpc: str, http_url: str, env: dict[str, str], reps: int
 ) -> list[dict[str, Any]]:
-    """Per query of ``OVERHEAD_QUERIES``: the same 10-row query embedded, through Flight
-    (``fabric.connect``) and through HTTP JSON (``POST /v1/query_text`` on one kept-alive
-    connection), interleaved in one process (the order rotates every repetition), with the
-    Flight round trip of a call that runs no query (``list_actions``): the floor. Per path
-    the p50 and the p50 of the paired differences with the embedded run next to it."""
+    """Per query of ``OVERHEAD_QUERIES``, the same 10-row result by every path of
+    ``PATHS``, interleaved in one process (the order rotates every repetition):
+
+    - embedded ``fab.query_text``; (c) ``flight``: ``fabric.connect`` to ``fabric serve``;
+      (c') ``probe``: ``fabric.connect`` to the same Flight code in a process that times it
+      (``probe_server``); (b) ``bare``: a pyarrow.flight ``do_get`` of the same table from a
+      server with nothing of ours; (a) ``socket``: a TCP ping-pong of the ticket's size out
+      and the result's Arrow IPC size back; ``rtt``: a Flight ``list_actions`` to ``fabric
+      serve`` (a call that runs no query); ``http``: ``POST /v1/query_text`` (JSON rows,
+      one kept-alive connection).
+
+    Per path the p50 wall time, the p50 of the paired differences with the embedded run
+    next to it, and the p50 of the calling thread's CPU time; for probe and bare the p50 of
+    the server's own time per call (wall and CPU: start of the call to its last batch)."""
     import http.client
     import json
+    import socket
     import urllib.parse
 
     os.environ.update(env)
     import fabric  # the client first: fabric.connect starts pyarrow's gRPC as it serves
 
+    remote = fabric.connect(grpc, token=TOKEN)
     fab = fabric.open(config)  # ingesting, so dataset://news holds the topic as served
     fab.catch_up(60)
-    remote = fabric.connect(grpc, token=TOKEN)
+    import pyarrow as pa
     import pyarrow.flight as fl
 
+    from fabric.service.flight import result_table
+
+    results = {name: fab.query_text(text) for name, text in OVERHEAD_QUERIES.items()}
+    ipc = {}
+    for name, res in results.items():
+        sink = pa.BufferOutputStream()
+        table = result_table(res)
+        with pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        ipc[name] = sink.getvalue().to_pybytes()
+    probe_env = {**env, "FABRIC_GROUP": env.get("FABRIC_GROUP", "bench") + "_probe"}
+    probe_env["FABRIC_STATE_DIR"] = env.get("FABRIC_STATE_DIR", "/tmp") + "-probe"
+    procs = []
+    p, port = _spawn(probe_server, "probe", str(config), probe_env, {})
+    procs.append(p)
+    probe = fabric.connect(f"grpc://127.0.0.1:{port}", token=TOKEN)
+    p, port = _spawn(probe_server, "bare", "", env, {k: v for k, v in ipc.items()})
+    procs.append(p)
+    bare = fl.FlightClient(f"grpc://127.0.0.1:{port}")
     client = fl.FlightClient(grpc)
     opts = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
     url = urllib.parse.urlsplit(http_url)
@@ -212,39 +376,120 @@ def overhead(
         assert resp.status == 200, resp.status
         return len(rows)
 
+    def server_times(c: Any, o: Any = None) -> list[list[float]]:
+        res = list(c.do_action(fl.Action("bench.timings", b""), options=o))
+        return json.loads(res[0].body.to_pybytes())
+
     out = []
     for name, text in OVERHEAD_QUERIES.items():
         body = json.dumps({"text": text}).encode()
+        ticket = json.dumps({"text": text, "session": {}}, separators=(",", ":")).encode()
+        p, port = _spawn(echo_server, len(ipc[name]))
+        procs.append(p)
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def ping(sock: Any = sock, size: int = len(ipc[name]), ticket: bytes = ticket) -> int:
+            sock.sendall(ticket)
+            n = 0
+            while n < size:
+                n += len(sock.recv(65536))
+            return 10
+
+        bare_ticket = fl.Ticket(name.encode())
         calls = {
             "embedded": lambda text=text: fab.query_text(text).table.num_rows,
             "flight": lambda text=text: remote.query_text(text).table.num_rows,
-            "http": lambda body=body: over_http(body),
+            "probe": lambda text=text: probe.query_text(text).table.num_rows,
+            "bare": lambda t=bare_ticket: bare.do_get(t).read_all().num_rows,
+            "socket": ping,
             "rtt": lambda: len(list(client.list_actions(options=opts))),
+            "http": lambda body=body: over_http(body),
         }
-        for kind in ("embedded", "flight", "http"):
+        for kind in ("embedded", "flight", "probe", "bare", "http"):
             assert calls[kind]() == 10, (name, kind)
         for _ in range(20):  # warm: compile, connect
             for fn in calls.values():
                 fn()
-        times: dict[str, list[float]] = {k: [] for k in calls}
+        server_times(probe._client, probe._opts)  # forget the warm-up's
+        server_times(bare)
+        wall: dict[str, list[float]] = {k: [] for k in calls}
+        cpu: dict[str, list[float]] = {k: [] for k in calls}
         order = list(calls)
         for i in range(reps):
-            for kind in order[i % 4 :] + order[: i % 4]:
+            k = i % len(order)
+            for kind in order[k:] + order[:k]:
+                c0 = time.thread_time()
                 t0 = time.perf_counter()
                 calls[kind]()
-                times[kind].append(time.perf_counter() - t0)
+                wall[kind].append(time.perf_counter() - t0)
+                cpu[kind].append(time.thread_time() - c0)
         ms = 1000.0
-        row: dict[str, Any] = {"query": name}
-        for kind, t in times.items():
-            row[kind] = statistics.median(t) * ms
-        for kind in ("flight", "http"):
-            pairs = zip(times[kind], times["embedded"])
-            row[f"{kind}_over"] = statistics.median(r - e for r, e in pairs) * ms
+        row: dict[str, Any] = {"query": name, "ipc_bytes": len(ipc[name])}
+        for kind in calls:
+            pairs = zip(wall[kind], wall["embedded"])
+            row[kind] = {
+                "p50": statistics.median(wall[kind]) * ms,
+                "over": statistics.median(r - e for r, e in pairs) * ms,
+                "cpu": statistics.median(cpu[kind]) * ms,
+            }
+        for kind, c, o in (("probe", probe._client, probe._opts), ("bare", bare, None)):
+            st = server_times(c, o)
+            for i, part in enumerate(("server", "server_cpu", "pre", "handler", "query", "write")):
+                got = [x[i] for x in st if x[i] >= 0]
+                row[kind][part] = statistics.median(got) * ms if got else None
+            if kind == "bare":
+                row[kind]["query"] = None
         out.append(row)
+        sock.close()
     conn.close()
-    remote.close()
+    for c in (remote, probe):
+        c.close()
+    bare.close()
+    client.close()
     fab.close()
+    for p in procs:
+        p.terminate()
+        p.join(10)
     return out
+
+
+def print_overhead(over: list[dict[str, Any]], reps: int) -> None:
+    print(
+        f"\n10-row queries, {reps} reps interleaved in one process (load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
+    print(
+        f"{'query':<8} {'path':<9} {'p50 ms':>8} {'over emb':>9} {'client cpu':>10} "
+        f"{'server':>8} {'srv cpu':>8} {'pre':>6} {'handler':>8} {'query':>6} {'write':>6}"
+    )
+
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    for o in over:
+        for kind in PATHS:
+            r = o[kind]
+            parts = ("server", "server_cpu", "pre", "handler", "query", "write")
+            srv = " ".join(
+                f"{f(r.get(p)):>{w}}" for p, w in zip(parts, (8, 8, 6, 8, 6, 6), strict=True)
+            )
+            print(
+                f"{o['query']:<8} {kind:<9} {r['p50']:>8.3f} "
+                f"{'' if kind == 'embedded' else f(r['over']):>9} {r['cpu']:>10.3f} {srv}"
+            )
+    print(
+        "p50 in ms. over emb: the median of the paired differences with the embedded run "
+        "next to it (goal for flight < 1 ms). client cpu: the calling thread's CPU time. "
+        "server: the server's own time per do_get, from the call's start (before the token "
+        "check) to its last batch written, wall and thread CPU (srv cpu); of it pre: before "
+        "the handler (the token check), handler: do_get (ticket, session, query, result "
+        "metadata), query: fab.query_text inside it, write: after the handler (the stream "
+        "written). flight: fabric.connect to fabric serve; probe: the same Flight code in a "
+        "process that times it; bare: pyarrow.flight do_get of the same table, nothing of "
+        "ours; socket: TCP ping-pong of the ticket out and the result's IPC bytes back; rtt: "
+        "Flight list_actions to fabric serve (no query); http: POST /v1/query_text"
+    )
 
 
 def cleanup(env: dict[str, str]) -> None:
@@ -347,25 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         "\nkafka MB: the news topic once per ingesting fabric "
         f"({news_bytes / 1e6:.2f} MB each) plus the queries' Kafka scans (their stats)"
     )
-    print(
-        f"\n10-row queries, {args.reps} reps interleaved embedded / Flight / HTTP JSON in one "
-        f"process (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
-    )
-    print(
-        f"{'query':<8} {'embedded':>9} {'flight':>9} {'http':>9} {'flight/emb':>10} "
-        f"{'http/emb':>9} {'flight over':>11} {'http over':>10} {'flight rtt':>10}"
-    )
-    for o in over:
-        print(
-            f"{o['query']:<8} {o['embedded']:>9.3f} {o['flight']:>9.3f} {o['http']:>9.3f} "
-            f"{o['flight'] / o['embedded']:>10.2f} {o['http'] / o['embedded']:>9.2f} "
-            f"{o['flight_over']:>11.3f} {o['http_over']:>10.3f} {o['rtt']:>10.3f}"
-        )
-    print(
-        "p50 in ms; over: the median of the paired differences with the embedded run next to "
-        "it (goal for flight < 1 ms); flight rtt: a Flight call that runs no query "
-        "(list_actions), the floor of any remote call"
-    )
+    print_overhead(over, args.reps)
     return 0
 
 
