@@ -39,6 +39,13 @@ def _load_execute() -> Any:
     return execute
 
 
+def _kafka_connection(uri: str | None) -> str | None:
+    """The connection of a ``kafka://<connection>/<topic>`` URI, else None."""
+    if not uri or not uri.startswith("kafka://"):
+        return None
+    return uri[len("kafka://") :].partition("/")[0]
+
+
 class UnknownBindingError(FabricError, LookupError):
     """No binding of that name; the message lists the existing ones."""
 
@@ -131,7 +138,8 @@ class Fabric:
                     d,
                     self.catalog.connection,
                     state_dir=mgr.state_dir / name,
-                    group_id=mgr.group_id(name),
+                    group_id=mgr.group_id(name, _kafka_connection(d.from_uri)),
+                    batch_size=mgr.batch_size,
                     ingest=ingest,
                 )
                 src = ShardedSource(f"dataset://{name}", self.sharded[name])

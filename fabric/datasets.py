@@ -298,8 +298,15 @@ class DatasetManager:
         r = self.refreshers.get(name)
         return None if r is None else r.freshness()
 
-    def group_id(self, name: str) -> str:
-        return f"{self.group_prefix}.{self.config_name}.{name}"
+    def group_id(self, name: str, connection: str | None = None) -> str:
+        """The consumer group of dataset ``name``: its Kafka connection's
+        ``group_prefix`` (else ingest's), the config name, the dataset. ``connection``:
+        the connection feeding it, for a dataset this manager does not hold (sharded)."""
+        if connection is None and name in self.decls:
+            feed = self.decls[name].kafka_feed()
+            connection = feed[0] if feed else None
+        conn = self.connections.get(connection or "", {})
+        return f"{conn.get('group_prefix') or self.group_prefix}.{self.config_name}.{name}"
 
     # ------------------------------------------------------------------ ingestion
 
@@ -326,12 +333,11 @@ class DatasetManager:
             if feed is None or d.name in self.ingestors:
                 continue
             conn, topic = feed
-            copts = self.connections[conn]
             kconn = self.connection_factory(conn)  # security:/config: reach every client
             opts = IngestOptions(
                 bootstrap=kconn.bootstrap,
                 topic=topic,
-                group_id=f"{copts.get('group_prefix') or self.group_prefix}.{self.config_name}.{d.name}",
+                group_id=self.group_id(d.name),
                 batch_size=self.batch_size,
                 checkpoint_interval=self.checkpoint_interval,
                 connection=kconn,

@@ -202,3 +202,69 @@ def test_an_upsert_fed_dataset_with_shards_splits_rows_by_key(ray_cluster, tmp_p
         res = fab.query("near", session={"q": np.asarray(rows[123]["vec"], np.float32)})
         assert res.table.column("id")[0].as_py() == "k123"
         assert res.freshness["d"]["status"] == "fresh"
+
+
+SECURE = """\
+connections:
+  bus:
+    kind: kafka
+    bootstrap: {bootstrap}
+    timeout: 7
+    group_prefix: sec16
+    security:
+      security.protocol: PLAINTEXT
+      sasl.mechanism: PLAIN
+      sasl.username: fabric
+      sasl.password: not-a-secret
+      ssl.endpoint.identification.algorithm: none
+    config: {{client.id: fabric-issue-16, fetch.wait.max.ms: 50}}
+datasets:
+  loc:
+    from: kafka://bus/{topic}
+    schema: {{id: str, n: int, vec: 'vector[8]'}}
+    key: id
+    indexes: {{vec: hnsw}}
+  shd:
+    from: kafka://bus/{topic}
+    schema: {{id: str, n: int, vec: 'vector[8]'}}
+    key: id
+    indexes: {{vec: hnsw}}
+    shards: 2
+executor: ray
+"""
+
+
+def _plain(cfg: dict) -> dict:
+    """A consumer's librdkafka settings without its Python callbacks."""
+    return {k: v for k, v in cfg.items() if not callable(v) and k != "logger"}
+
+
+@pytest.mark.servers
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_shard_consumers_get_the_connections_security_and_config(
+    ray_cluster, kafka_bootstrap, new_topic, tmp_path
+) -> None:
+    """A Kafka connection with security: (SASL/TLS settings), config: and group_prefix:
+    feeds a local dataset and a 2-shard one: every shard's consumer gets the settings
+    the local consumer gets (the connection's client_config), only its group differing
+    by the dataset's name; and both ingest the topic."""
+    import ray
+
+    import fabric
+
+    topic = new_topic(partitions=4, prefix="ray_sec")
+    produce(kafka_bootstrap, topic, [doc(i) for i in range(200)])
+    path = tmp_path / "fabric.yaml"
+    path.write_text(SECURE.format(bootstrap=json.dumps(kafka_bootstrap), topic=topic))
+    with fabric.open(str(path), watch=False) as fab:
+        shd = fab.dataset("shd")
+        assert shd.wait_caught_up(120) and fab.service.manager.wait_caught_up(60)
+        assert shd.count() == fab.dataset("loc").count() == 200
+        ing = fab.service.manager.ingestors["loc"]
+        local = _plain(ing.options.connection.client_config(ing._consumer_config()))
+        assert local["sasl.username"] == "fabric" and local["client.id"] == "fabric-issue-16"
+        assert local["socket.timeout.ms"] == 7000
+        for i, got in enumerate(ray.get([a.consumer_config.remote() for a in shd.actors])):
+            assert got["group.id"] == local["group.id"].replace(".loc", ".shd"), i
+            assert {**got, "group.id": None} == {**local, "group.id": None}, i

@@ -98,10 +98,16 @@ class ShardActor:
         self._last: tuple[pa.Table, Any] | None = None  # the last search's answer (ping)
         self.kafka = kafka
         if kafka is not None:
+            from connectors.base import open_connection
             from fabric.ingest.kafka import IngestOptions, KafkaIngestor
 
+            # the fabric's connection, opened here from its name and options, makes this
+            # shard's clients: security: (SASL/TLS) and config: as for a local consumer
+            conn = kafka.get("connection")
+            connection = None if conn is None else open_connection(conn[0], dict(conn[1]))
             opts = IngestOptions(
                 bootstrap=kafka["bootstrap"],
+                connection=connection,
                 topic=kafka["topic"],
                 group_id=kafka["group_id"],
                 partitions=tuple(kafka["partitions"]),
@@ -120,6 +126,15 @@ class ShardActor:
                 start_offsets=self.resumed,
                 resume=dict(ck.meta) if ck else None,
             ).start()
+
+    def consumer_config(self) -> dict[str, Any]:
+        """The librdkafka settings this shard's consumer is made with (its connection's
+        ``client_config`` of the ingestor's role), without the Python callbacks."""
+        if self.ingestor is None:
+            return {}
+        ing = self.ingestor
+        cfg = ing.options.connection.client_config(ing._consumer_config())
+        return {k: v for k, v in cfg.items() if not callable(v) and k != "logger"}
 
     def ingest_stats(self) -> dict[str, Any]:
         """The shard's ingestor counters (fabric.ingest.kafka.IngestStats)."""
@@ -950,6 +965,7 @@ def open_sharded(
     state_dir: str | Path,
     group_id: str,
     ingest: bool = True,
+    batch_size: int | None = None,
 ) -> ShardedDataset:
     """The ``ShardedDataset`` of a ``datasets:`` entry with ``shards: N``
     (fabric.config.DatasetConfig): fed from its Kafka topic (``connection(name)`` opens
@@ -974,12 +990,17 @@ def open_sharded(
                 )
             )
         if ingest:
+            kconn = connection(conn_name)
             kafka = {
-                "bootstrap": connection(conn_name).bootstrap,
+                "bootstrap": kconn.bootstrap,
+                # each shard reopens it (one home for every Kafka client's settings:
+                # connectors.kafka.KafkaConnection.client_config); no tail cache there
+                "connection": (kconn.name, {**kconn.options, "cache": False}),
                 "topic": topic,
                 "partitions": parts,
                 "group_id": group_id,
                 "dead_letter": "log",
+                **({"batch_size": batch_size} if batch_size else {}),
             }
     ds = ShardedDataset(
         cluster,
