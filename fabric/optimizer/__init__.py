@@ -19,6 +19,7 @@ from connectors.base import Source, Statistics
 from dsl.errors import FabricError
 from fabric.optimizer.dynamic_filters import dynamic_filters
 from fabric.optimizer.factor_or import factor_or
+from fabric.optimizer.join_bounds import join_bounds
 from fabric.optimizer.join_order import join_order
 from fabric.optimizer.push_aggregate import push_aggregate
 from fabric.optimizer.push_filters import push_filters
@@ -34,6 +35,7 @@ RULES: tuple[Rule, ...] = (
     push_filters,
     join_order,
     dynamic_filters,
+    join_bounds,
     stage_keys,
     push_aggregate,
     push_projection,

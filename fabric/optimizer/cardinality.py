@@ -159,6 +159,9 @@ class Estimator:
                     rows = min(rows, float(cs.distinct_count))
         if dynamic:
             for d in scan.dynamic:
+                if d.op != "in":  # a bound (join_bounds): a range of unknown width
+                    rows *= RANGE_SELECTIVITY
+                    continue
                 keys = self.keys_estimate(d.from_expr)
                 cs = st.columns.get(d.column)
                 ndv = (
@@ -239,7 +242,7 @@ class Estimator:
         scan = unit_scan(unit) if unit is not None else None
         if isinstance(scan, Scan):
             for dyn in scan.dynamic:
-                if dyn.column == col.name:
+                if dyn.column == col.name and dyn.op == "in":
                     d = min(d, self.keys_estimate(dyn.from_expr))
         return min(d, rows)
 

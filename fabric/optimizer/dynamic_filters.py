@@ -107,7 +107,7 @@ def _first_candidate(root: Plan, node: Plan, est: Estimator, catalog: Any) -> Pl
         if not isinstance(small_expr, Column):
             continue
         target = _target(big, key)
-        if target is None or any(d.column == target[1] for d in target[0].dynamic):
+        if target is None or any(d.column == target[1] and d.op == "in" for d in target[0].dynamic):
             continue
         # the same values through an inner equality inside the small side (transitive)
         alts = sorted(_equivalents(small, small_expr), key=est.keys_estimate)
@@ -280,7 +280,7 @@ def _stage_free(root: WithStages, alias: str, stage: str) -> bool:
             for e in _exprs(x):
                 if not _stage_params(e) <= before or any(isinstance(y, Exists) for y in e.walk()):
                     return False
-        todo.extend(src for d in scan.dynamic for src in sources_of(d.from_expr))
+        todo.extend(d.provider for d in scan.dynamic if d.provider)
     return True
 
 
@@ -299,9 +299,7 @@ def _stage_refs(e: Expr) -> set[str]:
 
 def _waits(root: WithStages, stage: str) -> set[str]:
     """The aliases whose units the scans of ``stage`` take dynamic keys from (transitively)."""
-    deps = {
-        s.alias: {src for d in s.dynamic for src in sources_of(d.from_expr)} for s in root.scans()
-    }
+    deps = {s.alias: {d.provider for d in s.dynamic if d.provider} for s in root.scans()}
     seen: set[str] = set()
     todo = [d for st in root.stages if st.name == stage for s in st.scans() for d in deps[s.alias]]
     while todo:
@@ -337,7 +335,7 @@ def _try(
     scan, column = target
     if column not in scan.source_schema.names:
         return None
-    if any(d.column == column and d.from_expr == from_expr for d in scan.dynamic):
+    if any(d.column == column and d.from_expr == from_expr and d.op == "in" for d in scan.dynamic):
         return None
     keys = est.keys_estimate(from_expr)
     small_rows = keys  # the keys come from the source unit of from_expr
@@ -381,8 +379,10 @@ def _subset_of_pushed(est: Estimator, from_expr: Expr, scan: Scan, column: str) 
     unit = est.units.get(from_expr.source or "")
     if not isinstance(unit, Scan) or unit.exact or unit.inexact:
         return False
-    mine = {d.from_expr for d in scan.dynamic if d.column == column}
-    return any(d.column == from_expr.name and d.from_expr in mine for d in unit.dynamic)
+    mine = {d.from_expr for d in scan.dynamic if d.column == column and d.op == "in"}
+    return any(
+        d.column == from_expr.name and d.op == "in" and d.from_expr in mine for d in unit.dynamic
+    )
 
 
 def _target(big: Plan, key: Column) -> tuple[Scan, str] | None:
@@ -439,7 +439,7 @@ def _depends_on(root: Plan, alias: str, target: str) -> bool:
     """Whether the scan of ``alias`` waits (transitively) on ``target``'s keys."""
     deps: dict[str, set[str]] = {}
     for s in root.scans():
-        deps[s.alias] = {src for d in s.dynamic for src in sources_of(d.from_expr)}
+        deps[s.alias] = {d.provider for d in s.dynamic if d.provider}
     seen, todo = set(), [alias]
     while todo:
         a = todo.pop()

@@ -222,10 +222,7 @@ def _stage_waits(logical: Plan) -> dict[str, set[str]]:
     (transitively): a unit among them must not wait on that stage."""
     if not isinstance(logical, WithStages):
         return {}
-    deps = {
-        s.alias: {c.source for d in s.dynamic for c in d.from_expr.columns() if c.source}
-        for s in logical.scans()
-    }
+    deps = {s.alias: {d.provider for d in s.dynamic if d.provider} for s in logical.scans()}
     out: dict[str, set[str]] = {}
     for st in logical.stages:
         seen: set[str] = set()
@@ -290,9 +287,7 @@ class _Planner:
             return None
         residual = tuple(str(c) for x in chain if isinstance(x, Filter) for c in x.conjuncts)
         if isinstance(leaf, Scan):
-            deps = frozenset(
-                c.source for d in leaf.dynamic for c in d.from_expr.columns() if c.source
-            ) - {leaf.alias}
+            deps = frozenset(d.provider for d in leaf.dynamic if d.provider) - {leaf.alias}
             filters = tuple(bind_now(f) for f in (*leaf.exact, *leaf.inexact))
             text = {
                 "exact": tuple(str(f) for f in leaf.exact),

@@ -148,14 +148,33 @@ class DynamicFilter:
     """Keys of ``column`` taken at run time from the already-computed ``from_expr`` of
     another source and pushed into this scan: as an IN list when there are at most
     ``max_keys`` of them, else (when ``range``: the source accepts ``>=``/``<=`` on
-    ``column``) as the range ``[min key, max key]``; the join re-checks every row."""
+    ``column``) as the range ``[min key, max key]``; the join re-checks every row.
+
+    With ``op`` one of ``<``, ``<=``, ``>``, ``>=`` it is a bound instead
+    (``fabric.optimizer.join_bounds``): ``column op max(from_expr)`` (``min`` for ``>``,
+    ``>=``), pushed rounded outwards to the column's type. ``unit`` names the source unit
+    whose output ``from_expr`` is computed over when ``from_expr`` does not name it (an
+    aggregate's output columns are unqualified); ``provider`` is that alias."""
 
     column: str
     from_expr: Expr
     max_keys: int = 50_000
     range: bool = False
+    op: str = "in"
+    unit: str | None = None
+
+    @property
+    def provider(self) -> str | None:
+        """The alias of the source unit whose output gives the values."""
+        if self.unit is not None:
+            return self.unit
+        found = {c.source for c in self.from_expr.columns() if c.source}
+        return next(iter(found)) if len(found) == 1 else None
 
     def __str__(self) -> str:
+        if self.op != "in":
+            agg = "max" if self.op in ("<", "<=") else "min"
+            return f"{self.column} {self.op} {agg}({self.from_expr}) of {self.provider}"
         more = " else range" if self.range else ""
         return f"{self.column} in keys({self.from_expr}) max={self.max_keys}{more}"
 
