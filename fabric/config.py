@@ -632,6 +632,21 @@ def _datasets(
                         y.value_span(dm, "time_column"),
                         did_you_mean(time_col, schema.names, "columns"),
                     )
+            if retention is not None:  # rows expire by their time, so it needs one
+                if time_col is None:
+                    raise y.error(
+                        "retention needs time_column: (the timestamp column rows expire by)",
+                        y.key_span(dm, "retention"),
+                        "add time_column: <a timestamp column>, or remove retention:",
+                    )
+                t = schema.field(time_col).type
+                if not (pa.types.is_timestamp(t) or pa.types.is_date(t)):
+                    raise y.error(
+                        f"time_column '{time_col}' is {t}; retention compares it with the "
+                        "current time, so it must be a timestamp or a date",
+                        y.value_span(dm, "time_column"),
+                        "name a timestamp column, or remove retention:",
+                    )
             desc = y.string(dm, "description", "description") if "description" in dm else None
             refresh = _refresh(L, dm, schema, from_uri, conns)
             embeds = _embed(L, dm, schema, key_col) if "embed" in dm else ()
@@ -707,13 +722,6 @@ def _shards(
             "a sharded dataset needs key: (the column that decides a row's shard)",
             y.key_span(dm, "shards"),
         )
-    for other in ("retention",):
-        if other in dm and n > 1:
-            raise y.error(
-                f"{other}: is not supported on a sharded dataset yet",
-                y.key_span(dm, other),
-                f"remove {other}:, or remove shards:",
-            )
     return n, by
 
 

@@ -61,6 +61,9 @@ class DatasetDecl:
     refresh: Any = None
     #: fabric.embed.EmbedSpec: vector columns computed from text as rows arrive
     embed: tuple[Any, ...] = ()
+    #: ``retention:`` seconds and ``time_column``: rows older are deleted (expire_rows)
+    retention_seconds: float | None = None
+    time_column: str | None = None
 
     def kafka_feed(self) -> tuple[str, str] | None:
         """(connection, topic) when fed from Kafka."""
@@ -88,6 +91,8 @@ class DatasetDecl:
             d.from_uri,
             getattr(d, "refresh", None),
             tuple(getattr(d, "embed", ())),
+            getattr(d, "retention_seconds", None),
+            getattr(d, "time_column", None),
         )
 
     def refreshed_from(self) -> tuple[str, str] | None:
@@ -100,6 +105,29 @@ class DatasetDecl:
 
 def _index_options(opts: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in opts.items() if k in ("metric", "M", "ef_construction", "ef")}
+
+
+#: seconds between retention passes (``retention:``): a row is removed at most this long
+#: after it expires
+RETENTION_INTERVAL = 10.0
+
+
+def expire_rows(ds: Any, column: str, seconds: float, now: Any = None) -> int:
+    """``retention:``: delete the rows of ``ds`` whose ``column`` (a timestamp or a date)
+    is older than ``now - seconds`` (``now``: the current time); a null time never
+    expires. One write-locked step (``Dataset.delete_where``), so a row rewritten with a
+    newer time meanwhile stays. Returns the rows deleted. A local dataset's manager and
+    every shard of a sharded one (fabric.ray.shards) run it every ``RETENTION_INTERVAL``."""
+    import datetime as dt
+
+    from dsl.ast import Binary, Column, Param
+
+    now = now or dt.datetime.now(dt.UTC)
+    cutoff: Any = now - dt.timedelta(seconds=seconds)
+    if pa.types.is_date(ds.schema.field(column).type):
+        cutoff = cutoff.date()
+    where = Binary("<", Column(column), Param("__fabric_expire_before"))
+    return int(ds.delete_where(where, {"__fabric_expire_before": cutoff}))
 
 
 def _safe(name: str) -> str:
@@ -143,6 +171,7 @@ class DatasetManager:
         self._saved_version: dict[str, int] = {}  # Dataset.version when last checkpointed
         self._meta: dict[str, Mapping[str, Any]] = {}  # the loaded checkpoint's meta
         self._persister: threading.Thread | None = None
+        self._expirer: threading.Thread | None = None  # retention: (expire)
         self._stop = threading.Event()
         self._offsets: dict[str, dict[int, int]] = {}
         self._resume: dict[str, dict[str, Any]] = {}  # the checkpoint meta each was loaded from
@@ -328,6 +357,11 @@ class DatasetManager:
                 target=self._persist_loop, name="fabric-persist", daemon=True
             )
             self._persister.start()
+        if self._expirer is None and any(d.retention_seconds for d in self.decls.values()):
+            self._expirer = threading.Thread(
+                target=self._retention_loop, name="fabric-retention", daemon=True
+            )
+            self._expirer.start()
         for d in self.decls.values():
             feed = d.kafka_feed()
             if feed is None or d.name in self.ingestors:
@@ -416,6 +450,24 @@ class DatasetManager:
                 self._saved_version[name] = self.datasets[name].version  # warn once
         return done
 
+    def expire(self, now: Any = None) -> dict[str, int]:
+        """Apply ``retention:`` to every dataset declaring it (``expire_rows``); the rows
+        deleted per dataset."""
+        out = {}
+        for name, d in self.decls.items():
+            if d.retention_seconds is not None and d.time_column and name in self.datasets:
+                out[name] = expire_rows(
+                    self.datasets[name], d.time_column, d.retention_seconds, now
+                )
+        return out
+
+    def _retention_loop(self) -> None:
+        while not self._stop.wait(RETENTION_INTERVAL):
+            try:
+                self.expire()
+            except Exception:  # keep trying: the next pass deletes what this one did not
+                log.exception("applying retention failed")
+
     def _persist_loop(self) -> None:
         while not self._stop.wait(self.checkpoint_interval):
             try:
@@ -430,6 +482,9 @@ class DatasetManager:
         if self._persister is not None:
             self._persister.join(30)
             self._persister = None
+        if self._expirer is not None:
+            self._expirer.join(30)
+            self._expirer = None
         for ing in self.ingestors.values():
             ing.stop(checkpoint_now=checkpoint_now)
         self.ingestors.clear()

@@ -236,6 +236,20 @@ class Dataset:
             self.version += 1
         return len(rowids)
 
+    def delete_where(self, where: Expr, params: Mapping[str, Any] | None = None) -> int:
+        """Delete the live rows satisfying ``where`` in one write-locked step (a row
+        rewritten meanwhile is judged by its new values); returns how many
+        (``retention:``, fabric.datasets.expire_rows)."""
+        from indexes.filters import compile_filter
+
+        with self.lock.write():
+            bm = compile_filter(self, where, params or {}).evaluate(None) & self.live
+            rowids = array_of(bm).astype(np.int64).tolist()
+            self._delete_rowids(rowids)
+            if rowids:
+                self.version += 1
+        return len(rowids)
+
     def _delete_rowids(self, rowids: Sequence[int]) -> None:
         if not rowids:
             return

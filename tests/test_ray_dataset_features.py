@@ -8,7 +8,9 @@ same data.
   every row gives it, and the top-k over shards is the unsharded top-k (ties by key);
   with a filter, and fused with a vector arm (RRF, recency) as ``rank:`` does;
 - ``refresh:`` from a table (full and append) writes to the shards by key and
-  checkpoints in every shard, holding the rows local mode holds, also after a reopen.
+  checkpoints in every shard, holding the rows local mode holds, also after a reopen;
+- ``retention:`` is applied by every shard on its own timer, deleting the rows a local
+  dataset's manager deletes.
 """
 
 from __future__ import annotations
@@ -342,3 +344,59 @@ def test_refresh_on_shards_equals_local_and_resumes_from_the_shards_checkpoints(
     finally:
         with eng.begin() as c:
             c.execute(sa.text(f"drop table if exists {table}"))
+
+
+RETAIN_DATASET = """\
+  {name}:
+    schema: {{id: int, ts: timestamp, v: int}}
+    key: id
+    indexes: {{ts: btree}}
+    retention: 1h
+    time_column: ts
+"""
+
+
+@pytest.mark.slow
+def test_retention_is_applied_by_every_shard_as_by_a_local_dataset(ray_cluster, tmp_path) -> None:
+    """``retention: 1h`` by ``time_column: ts`` on a local dataset and on one of 2
+    shards, the same rows written to both (ages 0-299 minutes, one null time): the
+    background pass of each (the manager's, every shard's own) removes the rows older
+    than an hour and keeps the null one, so both hold the same rows; an explicit pass at
+    a later time removes the same rows from both."""
+    import fabric
+
+    (tmp_path / "fabric.yaml").write_text(
+        "executor: ray\ndatasets:\n"
+        + RETAIN_DATASET.format(name="loc")
+        + RETAIN_DATASET.format(name="shd")
+        + "    shards: 2\n"
+    )
+    now = dt.datetime.now(dt.UTC)
+    ts = [now - dt.timedelta(minutes=i) for i in range(300)] + [None]
+    rows = pa.table(
+        {
+            "id": pa.array(range(301), pa.int64()),
+            "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+            "v": pa.array(range(301), pa.int64()),
+        }
+    )
+
+    def ids(fab, name: str) -> list[int]:
+        t = fab.dataset(name).to_table(["id"])
+        return sorted(t.column("id").to_pylist())
+
+    with fabric.open(str(tmp_path / "fabric.yaml"), watch=False) as fab:
+        assert fab.dataset("loc").upsert(rows) == fab.dataset("shd").upsert(rows) == 301
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            len(ids(fab, "loc")) > 61 or len(ids(fab, "shd")) > 61
+        ):
+            time.sleep(0.5)
+        kept = ids(fab, "loc")
+        assert kept == ids(fab, "shd")
+        assert kept == [*range(60), 300] or kept == [*range(61), 300], kept
+        later = now + dt.timedelta(minutes=30, seconds=30)
+        gone_local = fab.service.manager.expire(now=later)["loc"]
+        gone_shards = fab.dataset("shd").expire(now=later)
+        assert gone_local == gone_shards == len(kept) - 31
+        assert ids(fab, "loc") == ids(fab, "shd") == [*range(30), 300]

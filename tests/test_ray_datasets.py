@@ -61,11 +61,12 @@ SCHEMA_YAML = "schema: {id: str, n: int, vec: 'vector[8]'}\nkey: id\n"
             "sharded by partition",
         ),
         ("shards: 2\nshard_by: partition\n", "fabric.yaml:9:15", "use shard_by: key"),
-        (
+        (  # rows expire by a time (was: refused on shards; ignored locally)
             "shards: 2\nretention: 1h\ntime_column: n\n",
-            "fabric.yaml:9:5",
-            "retention: is not supported on a sharded dataset",
+            "fabric.yaml:10:18",
+            "time_column 'n' is int64; retention compares it",
         ),
+        ("retention: 1h\n", "fabric.yaml:8:5", "retention needs time_column:"),
     ],
 )
 def test_sharding_config_errors_are_positioned(tmp_path, body, where, says) -> None:

@@ -69,8 +69,10 @@ class ShardActor:
         state_dir: str,
         kafka: Mapping[str, Any] | None = None,
         embed: Sequence[Any] = (),
+        retention: tuple[float, str] | None = None,
     ):
         import os
+        import threading
 
         from fabric import embed as embedding
         from fabric.ingest import checkpoint
@@ -91,6 +93,11 @@ class ShardActor:
         self.dataset.computed = embedding.filler(embed, schema)
         self.resumed = {int(p): int(o) for p, o in (ck.offsets if ck else {}).items()}
         self.meta = dict(ck.meta) if ck else {}  # a refreshed one's watermark and cursor
+        # retention: (seconds, time column): this shard expires its own rows on a timer
+        self.retention = retention
+        self._stop_expiring = threading.Event()
+        if retention is not None:
+            threading.Thread(target=self._expire_loop, name="shard-retention", daemon=True).start()
         self.loaded_rows = self.dataset.count()
         self.started_at = time.time()
         self.pid = os.getpid()
@@ -135,6 +142,21 @@ class ShardActor:
         ing = self.ingestor
         cfg = ing.options.connection.client_config(ing._consumer_config())
         return {k: v for k, v in cfg.items() if not callable(v) and k != "logger"}
+
+    def expire(self, now: Any = None) -> int:
+        """``retention:`` on this shard's rows now (fabric.datasets.expire_rows)."""
+        from fabric.datasets import expire_rows
+
+        if self.retention is None:
+            return 0
+        return expire_rows(self.dataset, self.retention[1], self.retention[0], now)
+
+    def _expire_loop(self) -> None:
+        from fabric.datasets import RETENTION_INTERVAL
+
+        while not self._stop_expiring.wait(RETENTION_INTERVAL):
+            with contextlib.suppress(Exception):  # the next pass deletes what this did not
+                self.expire()
 
     def ingest_stats(self) -> dict[str, Any]:
         """The shard's ingestor counters (fabric.ingest.kafka.IngestStats)."""
@@ -280,6 +302,7 @@ class ShardActor:
         return {int(p): int(o) for p, o in offsets.items()}
 
     def stop(self) -> None:
+        self._stop_expiring.set()
         if self.ingestor is not None:
             self.ingestor.stop(checkpoint_now=True)
             self.ingestor = None
@@ -543,6 +566,7 @@ class ShardedDataset:
         kafka: Mapping[str, Any] | None = None,
         max_lag: int = 1000,
         embed: Sequence[Any] = (),
+        retention: tuple[float, str] | None = None,
     ):
         import ray
 
@@ -583,6 +607,7 @@ class ShardedDataset:
                 str(Path(state_dir) / f"shard-{i}"),
                 feeds[i],
                 tuple(embed),
+                retention,
             )
             for i in range(shards)
         ]
@@ -612,6 +637,13 @@ class ShardedDataset:
         return sum(
             ray.get([a.delete.remote(ks) for a, ks in zip(self.actors, owner, strict=True) if ks])
         )
+
+    def expire(self, now: Any = None) -> int:
+        """``retention:`` applied by every shard now (each also runs it on its own timer,
+        fabric.datasets.RETENTION_INTERVAL); the rows deleted."""
+        import ray
+
+        return sum(ray.get([a.expire.remote(now) for a in self.actors]))
 
     def save(self, meta: Mapping[str, Any]) -> list[str]:
         """Every shard checkpoints its rows with ``meta`` (``ShardActor.save``)."""
@@ -1012,6 +1044,11 @@ def open_sharded(
         state_dir=state_dir,
         kafka=kafka,
         embed=decl.embed,
+        retention=(
+            (float(decl.retention_seconds), decl.time_column)
+            if decl.retention_seconds is not None and decl.time_column
+            else None
+        ),
     )
     ds.fed_from_kafka = bool(decl.from_uri and decl.from_uri.startswith("kafka://"))
     return ds
