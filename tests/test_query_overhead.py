@@ -210,8 +210,9 @@ def test_session_values_still_checked(world: Any, tmp_path: Path) -> None:
 
 #: Python-level calls of one ``fab.query`` of a nearest binding outside the search itself
 #: (the executor, binding, session check, stats, freshness, tracing): 69 before issue 12's
-#: pass, 45 after; a new step on this path should be worth its cost.
-CALL_BUDGET = 52
+#: pass, 45 after, 36 with the executor's one-search path (``_run_search``); a new step on
+#: this path should be worth its cost.
+CALL_BUDGET = 40
 
 
 def _calls_outside_search(fab: Any, name: str, q: np.ndarray) -> dict[str, int]:
@@ -249,3 +250,96 @@ def test_nearest_query_python_calls_within_budget(world: Any, tmp_path: Path) ->
         f"{total} Python calls around the search (budget {CALL_BUDGET}): "
         + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
     )
+
+
+def _general(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run every plan through the general scheduler (no ``_run_search``)."""
+    import fabric.execute as ex
+
+    monkeypatch.setattr(ex, "_search_shape", lambda pp: None)
+
+
+def _comparable(res: Any) -> tuple:
+    """A Result with its times masked (and the search's explain, which learns per run)."""
+    stats = dict(res.stats)
+    stats["total_ms"] = None
+    stats["operators"] = [dict(o, time_ms=None) for o in stats["operators"]]
+    stats["sources"] = {a: dict(s, time_ms=None) for a, s in stats["sources"].items()}
+    return (res.table, stats, res.freshness, res.explain, res.waited, res.partial, res.binding)
+
+
+def test_search_fast_path_is_the_general_path(
+    world: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random ``nearest:`` bindings (which columns, in which order, with or without a
+    filter, plain or with an order / limit the fast path does not take) and random
+    session vectors: ``_run_search`` answers exactly what the general path answers --
+    rows, schema, stats, freshness -- query by query, on the same strategy."""
+    import fabric.execute as ex
+
+    src, x = world
+    rng = np.random.default_rng(17)
+    cols = ["n.id", "n.cl", "n.score", "n._distance", "n.emb"]
+    wheres = [None, "cl in (1, 2)", "score < 0.3", "cl = 5 and score > 0.5"]
+    files = {}
+    for b in range(12):
+        sel = [str(c) for c in rng.permutation(cols)[: rng.integers(1, len(cols) + 1)]]
+        where = wheres[b % len(wheres)]
+        text = _binding(f"b{b}", where, "[" + ", ".join(sel) + "]")
+        if b % 5 == 4:  # not the fast path's shape: the general path either way
+            text += "limit: 3\n"
+        files[f"b{b}"] = text
+    with _open(tmp_path, src, files) as fab:
+        for name in files:
+            shape = ex._search_shape(fab.binding(name).runnable)
+            assert (shape is None) == ("limit" in files[name]), name
+            for _ in range(3):
+                q = (x[rng.integers(0, N)] + rng.standard_normal(DIM) * 0.3).astype(np.float32)
+                fast = fab.query(name, session={"q": q})
+                strategy = fast.stats["sources"]["n"]["strategy"]
+                with monkeypatch.context() as m:
+                    _general(m)  # the same strategy: the optimizer learns from each run
+                    m.setattr(src, "search", _forced(src.search, strategy))
+                    slow = fab.query(name, session={"q": q})
+                a, b = _comparable(fast), _comparable(slow)
+                assert a[0].equals(b[0]) and a[0].schema.equals(b[0].schema), name
+                assert a[1:] == b[1:], name
+
+
+def _forced(search: Any, strategy: str) -> Any:
+    def run(*args: Any, **kw: Any) -> Any:
+        return search(*args, **kw, strategy=strategy)
+
+    return run
+
+
+def test_search_fast_path_failures_are_the_general_paths(
+    world: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing search: the same QueryError, or with ``allow_partial`` the same partial
+    answer (empty, the declared columns, the error in the stats)."""
+    src, x = world
+
+    def boom(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError("index file gone")
+
+    with _open(tmp_path, src, {"b": _binding("b", "cl = 1", "[n.cl, n.id]")}) as fab:
+        compiled = fab.binding("b")
+        params = compiled.bind({"q": x[0]})
+        got = []
+        for general in (False, True):
+            with monkeypatch.context() as m:
+                if general:
+                    _general(m)
+                m.setattr(src, "search", boom)
+                with pytest.raises(QueryError) as e:
+                    fab.query("b", session={"q": x[0]})
+                res = execute(
+                    compiled.runnable, params, fab.catalog, binding="b", allow_partial=True
+                )
+            got.append((str(e.value), _comparable(res)))
+        assert got[0] == got[1]
+        assert "index file gone" in got[0][0]
+        table = got[0][1][0]
+        assert table.num_rows == 0 and table.column_names == ["cl", "id"]
+        assert got[0][1][5] is True  # partial

@@ -46,7 +46,6 @@ from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
 from connectors.base import ScanRequest, SourceError
 from dsl.ast import Binary, Column, Expr, InList, Param, Star
 from fabric import functions
-from fabric.execute import bounds as _bounds
 from fabric.execute import freshness as _fresh
 from fabric.execute import stages as _stages
 from fabric.execute.errors import QueryError
@@ -187,12 +186,61 @@ class _PlanCache:
     Project node, its input's column names, their positions, the output names and types,
     and whether that output is the plan's answer as declared (no ``_conform`` then)."""
 
-    __slots__ = ("projects",)
+    __slots__ = ("projects", "search")
 
     def __init__(self) -> None:
         self.projects: dict[
             int, tuple[list[str], list[int] | None, list[str], list[Any], bool]
         ] = {}
+        self.search: _SearchShape | bool | None = False  # False: not looked at yet
+
+
+class _SearchShape:
+    """A plan that is one ``nearest:`` search run inline under a select of plain columns
+    (a ``nearest:`` binding without order / limit / derived columns): ``_Run.run_search``
+    runs it without the general scheduler -- one search, then one select-and-rename of
+    its columns straight from the search's table (no intermediate ``alias.column``
+    table). ``picked`` is, per column names of the search's answer, the positions to
+    select (the same resolution as ``_plain_project``'s)."""
+
+    __slots__ = ("alias", "columns", "leaf", "out_names", "picked", "project", "root_ok", "types")
+
+    def __init__(self, alias: str, leaf: VectorSearch, project: Project, root_ok: bool):
+        self.alias, self.leaf, self.project, self.root_ok = alias, leaf, project, root_ok
+        self.out_names = [n for n, _, _ in project.items]
+        self.types = [t for _, _, t in project.items]
+        self.columns = [e for _, e, _ in project.items if isinstance(e, Column)]
+        self.picked: dict[tuple[str, ...], list[int] | None] = {}
+
+
+def _search_shape(pp: PhysicalPlan) -> _SearchShape | None:
+    """``pp``'s ``_SearchShape`` (looked at once per plan), None if it has another shape."""
+    cache = _plan_cache(pp)
+    shape = cache.search
+    if shape is False:
+        shape = cache.search = _find_search_shape(pp)
+    return shape  # type: ignore[return-value]
+
+
+def _find_search_shape(pp: PhysicalPlan) -> _SearchShape | None:
+    root = pp.root
+    if not isinstance(root, PyArrowStep) or not isinstance(root.input, SourceUnit):
+        return None
+    node, unit = root.logical, root.input
+    if len(pp.order) != 1 or unit.placement != "inline" or unit.chain or unit.deps:
+        return None
+    leaf = unit.leaf
+    if not isinstance(leaf, VectorSearch) or leaf.text is not None or leaf.fusion is not None:
+        return None
+    if leaf.query is None or leaf.column is None or unit.requires:
+        return None
+    if not isinstance(node, Project) or node.input is not leaf or _planner.exprmap(leaf):
+        return None
+    if not all(isinstance(e, Column) for _, e, _ in node.items):
+        return None
+    schema = pp.schema
+    out = ([n for n, _, _ in node.items], [t for _, _, t in node.items])
+    return _SearchShape(unit.alias, leaf, node, (schema.names, schema.types) == out)
 
 
 _plan_caches: dict[int, tuple[weakref.ref[PhysicalPlan], _PlanCache]] = {}
@@ -279,7 +327,10 @@ class _Run:
         self.deadline = time.monotonic() + self.timeout * (1 + self.pp.depth)
         order = self.pp.order
         root = self.pp.root
-        if isinstance(root, StagesFirst):
+        shape = None if self.analyze else _search_shape(self.pp)
+        if shape is not None:
+            table = self._run_search(shape)
+        elif isinstance(root, StagesFirst):
             try:
                 table = self._run_stages(root)
             finally:
@@ -374,6 +425,58 @@ class _Run:
             done.add(st.name)
             start_ready()
         return self._run(root.input)
+
+    def _run_search(self, shape: _SearchShape) -> pa.Table:
+        """The plan of ``shape``: ``_run_inline`` of its unit then ``_run`` of the root,
+        with the same stats, freshness and checks, but the select taken straight from the
+        search's table; a failed source (``allow_partial``), a timeout or an answer of
+        other types goes through the general path from where it is."""
+        alias, leaf = shape.alias, shape.leaf
+        t_unit = time.monotonic()
+        try:
+            source = self.catalog.source(leaf.uri)
+        except Exception as e:  # down, unknown connection, dropped table...
+            return self._run_from(alias, self._fail(alias, leaf.uri, e))
+        if leaf.freshness is not None:  # a bound to enforce: check before reading
+            self._check_freshness(alias, leaf, source)
+        t0 = time.perf_counter()
+        try:
+            table = self._search(alias, leaf, source, rename=False)
+        except _SourceFailed as e:
+            return self._run_from(alias, self._fail(alias, leaf.uri, e.cause))
+        self._record(leaf, table.num_rows, t0)
+        if leaf.freshness is None:  # nothing to enforce: report the freshness as read
+            self._check_freshness(alias, leaf, source)
+        if time.monotonic() - t_unit > self.timeout:
+            return self._run_from(alias, self._timed_out(alias))
+        t0 = time.perf_counter()
+        names = tuple(table.schema.names)
+        cols = shape.picked.get(names, False)
+        if cols is False:
+            prefixed = [f"{alias}.{n}" for n in names]
+            try:
+                cols = [prefixed.index(resolve(c, prefixed, {})) for c in shape.columns]
+            except UnresolvedColumn:
+                cols = None  # the general path says which column is missing
+            shape.picked[names] = cols
+        if cols is None:
+            return self._run_from(alias, self._prefixed(alias, table))
+        out = table.select(cols).rename_columns(shape.out_names)
+        if out.schema.types != shape.types:
+            return self._run_from(alias, self._prefixed(alias, table))
+        if shape.root_ok:
+            self.conformed = out
+        self._record(shape.project, out.num_rows, t0)
+        return out
+
+    def _run_from(self, alias: str, table: pa.Table) -> pa.Table:
+        """The rest of the plan after its unit ``alias`` gave ``table`` (general path)."""
+        self.done[alias] = table
+        return self._run(self.pp.root)
+
+    @staticmethod
+    def _prefixed(alias: str, table: pa.Table) -> pa.Table:
+        return table.rename_columns([f"{alias}.{n}" for n in table.schema.names])
 
     def _run_inline(self, alias: str) -> None:
         """In-process work cannot be abandoned: a unit past the scan timeout still gives
@@ -518,9 +621,7 @@ class _Run:
         params[NOW_PARAM] = self.now
         dyn_stats = []
         for i, d in enumerate(scan.dynamic):
-            dep = d.provider
-            if dep is None:
-                raise PhysicalError(f"dynamic filter {d} names no source unit")
+            dep = next(iter({c.source for c in d.from_expr.columns() if c.source}))
             w0 = time.perf_counter()
             keys_table = self._wait(dep)
             self._dep_wait[alias] = self._dep_wait.get(alias, 0.0) + time.perf_counter() - w0
@@ -534,17 +635,6 @@ class _Run:
             keys = pc.unique(
                 keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
             ).drop_null()
-            if d.op != "in":  # a join bound (fabric.optimizer.join_bounds)
-                bound = _bounds.pushed(d.op, keys, scan.source_schema.field(d.column).type)
-                dyn_stats.append({"filter": str(d), "keys": len(keys), "pushed": bool(bound)})
-                if len(keys) == 0:
-                    self._source_stats(alias, scan, 0, 0, 0, 0.0, dyn_stats, skipped=True)
-                    return scan.schema.empty_table()
-                if bound is not None:
-                    filters.append(Binary(bound[0], Column(d.column), Param(f"__dyn_{i}")))
-                    params[f"__dyn_{i}"] = bound[1]
-                    dyn_stats[-1].update(form="bound", bound=[bound[0], str(bound[1])])
-                continue
             form = "in" if len(keys) <= d.max_keys else "range" if d.range else None
             dyn_stats.append(
                 {"filter": str(d), "keys": len(keys), "pushed": form is not None, "form": form}
@@ -658,7 +748,9 @@ class _Run:
         with self._lock:
             self.sources[alias] = entry
 
-    def _search(self, alias: str, vs: VectorSearch, source: Any) -> pa.Table:
+    def _search(self, alias: str, vs: VectorSearch, source: Any, rename: bool = True) -> pa.Table:
+        """The search's rows (``rename``: as ``alias.column``; else as the source named
+        them, for ``_run_search``'s select) and its stats entry."""
         search = getattr(source, "search", None)
         if not callable(search):
             raise QueryError(
@@ -688,7 +780,8 @@ class _Run:
         except Exception as e:
             raise _SourceFailed(e) from e
         ms = (time.perf_counter() - t0) * 1000
-        table = table.rename_columns([f"{alias}.{n}" for n in table.schema.names])
+        if rename:
+            table = self._prefixed(alias, table)
         text = self.units[alias].text
         entry = {
             "uri": vs.uri,
@@ -1165,7 +1258,6 @@ class _Run:
                     how = {
                         "in": "pushed",
                         "range": f"pushed as range [{d.get('range', ['?', '?'])[0]}, {d.get('range', ['?', '?'])[1]}]",
-                        "bound": " ".join(["pushed as", *d.get("bound", ())]),
                     }.get(d.get("form") or "", "NOT pushed (over max)")
                     parts.append(f"dynamic {d['filter']}: {d['keys']} keys {how}")
                 if src.get("skipped"):
