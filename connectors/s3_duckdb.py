@@ -10,9 +10,12 @@ fsspec file system that reads byte ranges with ``read_at`` on one open handle pe
 
 The footers are cached across queries (the last 64 KiB of each object, keyed by
 (path, size, mtime) as listed at the start of every scan); data is read from the store
-every time unless the connection sets ``cache_mb`` (``ObjectFiles``: the ranges read,
-under the same key, validated by the listing of every scan). DuckDB's own external file
-cache is turned off on this connection.
+every time unless the connection sets ``cache_mb``. Then each object (while the budget
+has room) is copied whole to a local temporary file on first use and DuckDB reads that
+file itself, with no Python call per read (``ObjectFiles.url``); an object past the
+budget keeps its byte ranges in memory instead. Both are keyed the same way and
+validated by the listing of every scan: a changed object is read from the store again.
+DuckDB's own external file cache is turned off on this connection.
 
 Filters DuckDB evaluates here are the ones whose meaning is the same in DuckDB and in
 pyarrow: a column of an integer, DECIMAL, date, zoned timestamp, string or boolean type
@@ -24,11 +27,15 @@ columns) is applied by pyarrow to DuckDB's output, exactly as before.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
 import decimal
 import io
 import itertools
+import os
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -150,6 +157,12 @@ class ObjectFiles:
         self._ranges: dict[tuple[str, int, Any], dict[int, bytes]] = {}
         self._lru: OrderedDict[tuple[tuple[str, int, Any], int], int] = OrderedDict()
         self._held = 0
+        # whole objects copied to local files (``url``), counted in cache_bytes too
+        self._copies: dict[tuple[str, int, Any], str] = {}
+        self._copying: dict[tuple[str, int, Any], threading.Lock] = {}
+        self._stale: list[str] = []
+        self._disk = 0
+        self._dir: str | None = None
         #: store reads and cache hits since the connection opened
         self.counts = {"store_reads": 0, "cache_hits": 0}
 
@@ -161,6 +174,10 @@ class ObjectFiles:
                 if old is not None and old != key:
                     self._handles.pop(old, None)
                     self._tails.pop(old, None)
+                    gone = self._copies.pop(old, None)
+                    if gone is not None:  # a scan may still read it: removed at close
+                        self._disk -= old[1]
+                        self._stale.append(gone)
                     for start, data in self._ranges.pop(old, {}).items():
                         self._lru.pop((old, start), None)
                         self._held -= len(data)
@@ -174,7 +191,52 @@ class ObjectFiles:
         return k
 
     def url(self, path: str) -> str:
-        return f"{self.protocol}://{path}"
+        """Where DuckDB reads ``path``: a local copy of the whole object when the cache
+        holds one or has room for it (DuckDB then reads the file itself, no Python per
+        read: 7,630 TPC-H lineitem rows of one month in ~20 ms instead of 80-250 ms on a
+        loaded machine), else the object through this file system."""
+        local = self._copy(path)
+        return local if local is not None else f"{self.protocol}://{path}"
+
+    def _copy(self, path: str) -> str | None:
+        """The local copy of ``path`` as listed last (made now if the cache has room)."""
+        if self.cache_bytes <= 0:
+            return None
+        with self._lock:
+            key = self._known.get(path)
+            if key is None or key[2] is None:  # no mtime: nothing to validate a copy with
+                return None
+            hit = self._copies.get(key)
+            if hit is not None:
+                self.counts["cache_hits"] += 1
+                return hit
+            if self._disk + key[1] > self.cache_bytes:
+                return None
+            lock = self._copying.setdefault(key, threading.Lock())
+        with lock:
+            with self._lock:
+                hit = self._copies.get(key)
+            if hit is not None:
+                return hit
+            if self._dir is None:
+                self._dir = tempfile.mkdtemp(prefix="fabric-s3-")
+                atexit.register(shutil.rmtree, self._dir, True)
+            out = os.path.join(self._dir, f"{next(_ids)}.parquet")
+            self.counts["store_reads"] += 1
+            with self.fs.open_input_file(key[0]) as f, open(out, "wb") as g:
+                while chunk := f.read(8 << 20):
+                    g.write(chunk)
+            if os.path.getsize(out) != key[1]:
+                os.unlink(out)
+                raise OSError(f"{key[0]}: read {os.path.getsize(out)} of {key[1]} bytes")
+            with self._lock:
+                if self._known.get(path) != key or self._disk + key[1] > self.cache_bytes:
+                    self._stale.append(out)  # changed or filled meanwhile: not kept
+                    return None
+                self._copies[key] = out
+                self._disk += key[1]
+                self._copying.pop(key, None)
+            return out
 
     def read(self, key: tuple[str, int, Any], start: int, n: int) -> bytes:
         size = key[1]
@@ -205,7 +267,7 @@ class ObjectFiles:
                 self._ranges[key][start] = data
                 self._lru[(key, start)] = len(data)
                 self._lru.move_to_end((key, start))
-                while self._held > self.cache_bytes and self._lru:
+                while self._held + self._disk > self.cache_bytes and self._lru:
                     (k, s0), _ = self._lru.popitem(last=False)
                     gone = self._ranges.get(k, {}).pop(s0, None)
                     self._held -= len(gone) if gone is not None else 0
@@ -268,6 +330,12 @@ class ObjectFiles:
             self._ranges.clear()
             self._lru.clear()
             self._held = 0
+            self._copies.clear()
+            self._stale.clear()
+            self._disk = 0
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
 
 
 # ---------------------------------------------------------------------- filters

@@ -208,3 +208,43 @@ def test_the_byte_cache_is_off_by_default_and_validated_by_the_listing(lake: dic
     time.sleep(1.1)  # a later mtime (S3 keeps seconds)
     assert write(list(range(n, 2 * n))) == size  # the same size: only the mtime tells
     assert scan() == list(range(n, 2 * n))
+
+
+def test_a_cached_object_is_read_by_duckdb_from_a_local_copy(lake: dict[str, Any]):
+    """With ``cache_mb`` an object that fits is copied whole to a local file on first use
+    and DuckDB reads that file (no Python call per read); a rewritten object (a later
+    mtime in the listing) is copied again, and one past the budget is read through the
+    file system with its ranges kept in memory, as before."""
+    import time
+
+    s3 = lake["s3"]
+    small = S3Connection("lake", {**lake["duckdb"].options, "cache_mb": 1})
+    path = f"{s3.bucket}/copy/x.parquet"
+    plain = {"compression": "none", "use_dictionary": False}
+
+    def write(values: list[int]) -> None:
+        pq.write_table(
+            pa.table({"v": pa.array(values, pa.int64())}), path, filesystem=s3.fs, **plain
+        )
+
+    def scan(conn: S3Connection) -> list[int]:
+        req = ScanRequest(filters=(A.unqualify(parse_expr("v >= 10")),))
+        out = pa.Table.from_batches(list(conn.source("copy/x.parquet").scan(req)))
+        return out.column("v").to_pylist()
+
+    write(list(range(100)))
+    assert scan(small) == list(range(10, 100))
+    files = small.duck_files()
+    [local] = list(files._copies.values())
+    assert local.startswith("/") and files.url(path).startswith("/")
+    reads = files.counts["store_reads"]
+    assert scan(small) == list(range(10, 100))
+    assert files.counts["store_reads"] == reads  # the copy, not the store
+    time.sleep(1.1)
+    write(list(range(100, 300)))
+    assert scan(small) == list(range(100, 300))  # re-copied after the listing changed
+    assert list(files._copies.values()) != [local]
+    write(list(range(200_000)))  # 1.6 MB: past the 1 MB budget
+    assert scan(small) == list(range(10, 200_000))
+    assert files.url(path).startswith(files.protocol + "://")
+    small.close()
