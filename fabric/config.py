@@ -113,7 +113,7 @@ SERVER_KEYS = (
     "queue",
 )
 INGEST_KEYS = ("checkpoint_dir", "group_prefix", "batch_size", "enabled")
-EXECUTOR_KEYS = ("kind", "num_cpus", "address", "min_rows")
+EXECUTOR_KEYS = ("kind", "num_cpus", "address", "min_rows", "join_min_rows")
 EXECUTOR_KINDS = ("local", "ray")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -261,6 +261,8 @@ class ExecutorConfig:
     num_cpus: int = 2
     address: str | None = None
     min_rows: int | None = None  # None: fabric.ray.scan.DEFAULT_MIN_ROWS
+    #: joins with both sides at this many rows or more run as hash-partitioned Ray tasks
+    join_min_rows: int | None = None  # None: fabric.ray.join.DEFAULT_JOIN_MIN_ROWS
 
 
 @dataclass(frozen=True)
@@ -1058,6 +1060,8 @@ def _executor(L: _Loader, doc: YamlMap) -> ExecutorConfig:
             kw["address"] = str(L.subst(m, "address"))
         if "min_rows" in m:
             kw["min_rows"] = y.integer(m, "min_rows", "min_rows", 0)
+        if "join_min_rows" in m:
+            kw["join_min_rows"] = y.integer(m, "join_min_rows", "join_min_rows", 0)
     if kind not in EXECUTOR_KINDS:
         raise y.error(
             f"unknown executor {kind!r}",

@@ -194,9 +194,18 @@ def test_a_nearest_binding_on_ray_over_shards_equals_local_mode(sharded, tmp_pat
                 assert len(set(a) & set(b)) >= 0.8 * len(b), (a, b)
 
 
-def test_ranked_retrieval_over_shards_is_refused_by_name(sharded) -> None:
-    from connectors.base import SourceError
+def test_ranked_retrieval_through_the_sharded_source_equals_the_local_source(sharded) -> None:
+    """``search:`` over the shards (was refused): BM25 with the whole dataset's
+    statistics, so keys and scores are the local dataset's (ties by key)."""
+    from connectors.dataset import DatasetSource
 
-    ds, *_ = sharded
-    with pytest.raises(SourceError, match="sharded in 2 shards is not supported"):
-        ShardedSource("dataset://news", ds).rank(text=("body", "fed", 10))
+    ds, local, _x, _t = sharded
+    for q in ("fed", "rare", "oil chips rare", "nothing"):
+        got, info = ShardedSource("dataset://news", ds).rank(text=("body", q, 10))
+        every, _ = DatasetSource("dataset://news", local).rank(text=("body", q, 10**6))
+        want = sorted(
+            zip(every.column("id").to_pylist(), every.column("_bm25").to_pylist(), strict=True),
+            key=lambda r: (-r[1], r[0]),
+        )[:10]
+        assert got.column("id").to_pylist() == [k for k, _ in want], (q, str(info))
+        assert got.column("_bm25").to_pylist() == [s for _, s in want], q

@@ -4,7 +4,9 @@ The data and harness are tests/test_tpch.py's (benchmarks/tpch: lineitem as 4 Pa
 files in S3, orders + customer in MariaDB, part/partsupp/supplier in PostgreSQL, nation in
 MongoDB, region in Kafka). The Ray fabric sends every scan it can split to Ray
 (``min_rows: 0``): lineitem by files, orders / customer / part / partsupp / supplier by
-primary-key ranges, nation by ``_id`` ranges (when its ids are ObjectIds or integers)."""
+primary-key ranges, nation by ``_id`` ranges (when its ids are ObjectIds or integers),
+and every equi-join inside a DuckDB region as hash-partitioned Ray tasks
+(``join_min_rows: 0``, fabric.ray.join)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,10 @@ def tpch_ray(servers, mariadb_url, pg_url, mongo_url, kafka_bootstrap, s3, ray_c
     data = load.prepare(SF, servers)
     local = H.open_fabric(data)
     on_ray = fabric.open(
-        str(H.CONFIG), ingest=False, watch=False, executor={"kind": "ray", "min_rows": 0}
+        str(H.CONFIG),
+        ingest=False,
+        watch=False,
+        executor={"kind": "ray", "min_rows": 0, "join_min_rows": 0},
     )
     try:
         assert on_ray.executor.cluster is ray_cluster
@@ -66,3 +71,17 @@ def test_lineitem_and_orders_scans_ran_as_tasks(tpch_ray) -> None:
     ray = {a: s.get("ray") for a, s in got.stats["sources"].items()}
     assert ray["l"]["split"] == "files" and ray["l"]["tasks"] == 2, ray
     assert ray["o"]["split"] == "range" and ray["o"]["tasks"] == 2, ray
+
+
+def test_joins_ran_as_partitioned_tasks_and_explain_says_so(tpch_ray) -> None:
+    """q03 (customer x orders x lineitem) and q10 on join_min_rows: 0: every join of
+    their regions ran as hash-partitioned Ray tasks, and explain(analyze=True) names it
+    at each join, with the keys."""
+    _data, _local, on_ray, _ref, vocab = tpch_ray
+    for name in ("q03", "q10"):
+        q = QUERIES[name]
+        session = H.session_values(name, q.params(SF, None, vocab))
+        got = H.run_binding(on_ray, H.compile_binding(on_ray, name), session, analyze=True)
+        joins = [ln for ln in got.explain.splitlines() if "Join" in ln.split("(")[0]]
+        assert joins and all("ray: partitioned hash join" in ln for ln in joins), got.explain
+        assert any("o.o_orderkey" in ln and "l.l_orderkey" in ln for ln in joins), joins

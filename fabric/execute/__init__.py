@@ -290,6 +290,8 @@ class _Run:
         self.allow_partial = allow_partial
         self.units = pp.units
         self.node_stats: dict[int, dict[str, Any]] = {}
+        #: joins run as Ray tasks (fabric.ray.join): id(node) -> (explain label, info)
+        self.ray_joins: dict[int, tuple[str, dict[str, Any]]] = {}
         self.sources: dict[str, dict[str, Any]] = {}
         self.freshness: dict[str, dict[str, Any]] = {}
         self.infos: dict[
@@ -1072,6 +1074,11 @@ class _Run:
         if isinstance(node, Join):
             left = self._compile(b, node.left, joins, inputs).materialized(b.alias())
             right = self._compile(b, node.right, joins, inputs).materialized(b.alias())
+            hook = getattr(getattr(self.catalog, "executor", None), "joins", None)
+            if hook is not None:  # executor: ray: a large join as hash-partitioned tasks
+                done, left, right = hook.region_join(self, b, node, left, right)
+                if done is not None:  # counted and labelled there (not "counted for analyze")
+                    return done
             both = Rel("", left.names + right.names, {**left.exprmap, **right.exprmap})
             on = self._expr_sql(b, node.on, both)
             kind = "LEFT JOIN" if node.how == "left" else "JOIN"
@@ -1210,6 +1217,8 @@ class _Run:
 
     # ------------------------------------------------------------ stats and explain
     def _record(self, node: Plan, rows: int, t0: float, engine: str = "arrow") -> None:
+        if self.ray_joins and id(node) in self.ray_joins:  # the region's root: ran on Ray
+            engine = self.ray_joins[id(node)][0]
         header = self.pp.headers.get(id(node))
         if header is None:
             header = node.header()
