@@ -92,6 +92,9 @@ class Dataset:
         self.scalar_schema = pa.schema([schema.field(n) for n in self.scalar_names])
         self._batches: list[pa.RecordBatch] = []
         self._table: pa.Table | None = None
+        # (the stored table, column -> numpy view or None, columns -> schema): ``_hits``
+        self._hits_cache: tuple[pa.Table, dict[str, Any], dict[tuple[str, ...], pa.Schema]] | None
+        self._hits_cache = None
         self.alive = np.zeros(0, dtype=bool)
         self.live = BitMap()
         self.n = 0  # row ids handed out
@@ -580,12 +583,52 @@ class Dataset:
             )
             self.learn(info.feedback)
             t0 = time.perf_counter()
-            t = self._rows(rowids, columns)
-            t = t.append_column(
-                pa.field("_distance", pa.float32()), pa.array(dists.astype(np.float32))
-            )
+            t = self._hits(rowids, dists, columns)
             info.materialize_ms = (time.perf_counter() - t0) * 1e3
         return t, info
+
+    def _hits(
+        self, rowids: np.ndarray, dists: np.ndarray, columns: Sequence[str] | None
+    ) -> pa.Table:
+        """``_rows(rowids, columns)`` plus the float32 ``_distance`` column, built in one
+        step for the few rows of a search: the output schema is kept per column list, and
+        a fixed-width column without nulls stored as one chunk is gathered with numpy
+        from a zero-copy view (``pyarrow.compute.take`` and a second table for the
+        distance cost more than the search's own Python), both kept while the stored
+        table is the same object."""
+        table = self._scalar_table()
+        cache = self._hits_cache
+        if cache is None or cache[0] is not table:
+            cache = self._hits_cache = (table, {}, {})
+        names = tuple(columns) if columns is not None else tuple(self.schema.names)
+        schema = cache[2].get(names)
+        if schema is None:
+            self._rows(rowids[:0], names)  # an unknown column: the same error
+            fields = [self.schema.field(c) for c in names]
+            schema = cache[2][names] = pa.schema([*fields, pa.field("_distance", pa.float32())])
+        views = cache[1]
+        arrays: list[Any] = []
+        idx = None
+        for i, c in enumerate(names):
+            if c in self.vectors:
+                vi = self.vectors[c]
+                arr = pa.FixedSizeListArray.from_arrays(
+                    pa.array(vi.vectors[rowids].reshape(-1), pa.float32()), vi.dim
+                )
+                typ = schema.field(i).type
+                arrays.append(arr.cast(typ) if arr.type != typ else arr)
+                continue
+            view = views.get(c, False)
+            if view is False:
+                view = views[c] = _fixed_width_view(table.column(c))
+            if view is not None:
+                arrays.append(pa.array(view[0][rowids], type=view[1]))
+                continue
+            if idx is None:
+                idx = pa.array(rowids, pa.int64())
+            arrays.append(table.column(c).take(idx))
+        arrays.append(pa.array(dists.astype(np.float32)))
+        return pa.Table.from_arrays(arrays, schema=schema)
 
     def filter_rows(self, where: Expr | None, params: Mapping[str, Any] | None = None) -> BitMap:
         """Row ids (a roaring bitmap) of live rows satisfying ``where``."""
@@ -732,6 +775,22 @@ def _fold_loop(ref: weakref.ref[Dataset], wake: threading.Event) -> None:
         if not done:
             wake.wait(1.0)
             wake.clear()
+
+
+def _fixed_width_view(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.DataType] | None:
+    """A zero-copy numpy view of an integer or floating column stored as one chunk
+    without nulls (what ``Dataset._hits`` gathers with numpy), else None."""
+    t = col.type
+    if (
+        col.num_chunks != 1
+        or col.null_count
+        or not (pa.types.is_integer(t) or pa.types.is_floating(t))
+    ):
+        return None
+    try:
+        return col.chunk(0).to_numpy(zero_copy_only=True), t
+    except (pa.ArrowInvalid, NotImplementedError):
+        return None
 
 
 def sample_rowids(ds: Dataset, n: int, rng: np.random.Generator | None = None) -> np.ndarray:

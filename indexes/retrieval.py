@@ -213,7 +213,7 @@ def query_vector(vi: VectorIndex, query: Any) -> np.ndarray:
         raise DatasetError(
             f"nearest({vi.column}): the query vector has {q.shape[0]} dimensions but the column holds {vi.dim}-d vectors"
         )
-    if not np.all(np.isfinite(q)):
+    if not np.isfinite(q).all():
         raise DatasetError(
             f"nearest({vi.column}): the query vector contains NaN or infinite values"
         )

@@ -10,24 +10,17 @@ from contextlib import contextmanager
 
 class RWLock:
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writer = False
         self._waiting_writers = 0
+        self._reading = _Reading(self)
 
-    @contextmanager
-    def read(self) -> Iterator[None]:
-        with self._cond:
-            while self._writer or self._waiting_writers:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
+    def read(self) -> _Reading:
+        """Shared: ``with lock.read(): ...`` (one reusable context object, not a generator:
+        every search takes it twice)."""
+        return self._reading
 
     @contextmanager
     def write(self, polite: float = 0.0) -> Iterator[None]:
@@ -53,3 +46,24 @@ class RWLock:
             with self._cond:
                 self._writer = False
                 self._cond.notify_all()
+
+
+class _Reading:
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: RWLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        lk = self._lock
+        with lk._mutex:
+            while lk._writer or lk._waiting_writers:
+                lk._cond.wait()
+            lk._readers += 1
+
+    def __exit__(self, *exc: object) -> None:
+        lk = self._lock
+        with lk._mutex:
+            lk._readers -= 1
+            if not lk._readers:
+                lk._cond.notify_all()

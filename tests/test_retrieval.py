@@ -793,3 +793,70 @@ def test_a_nearest_metric_other_than_the_index_is_refused(tmp_path):
         pytest.raises(DslError, match="differs from the l2 index on 'emb'"),
     ):
         fab.query("m", session={"q": np.zeros(DIM)})
+
+
+def test_search_rows_are_the_datasets_rows_with_the_distance():
+    """``Dataset._hits`` (numpy gathers from zero-copy views, the schema kept per column
+    list) gives ``_rows`` + ``_distance`` exactly: every column kind (nullable ints, floats,
+    strings, timestamps, vectors), stored as one chunk or many, after deletes, updates and
+    a compaction, with rows in the search's order, empty, or a column that does not exist."""
+    rng = np.random.default_rng(5)
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("n", pa.int32()),
+            ("f", pa.float64()),
+            ("s", pa.string()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("v", pa.list_(pa.float32(), 4)),
+        ]
+    )
+    ds = Dataset.create("hits", schema, "id", {"v": IndexSpec("hnsw", metric="l2")})
+
+    def batch(lo: int, hi: int, nulls: bool) -> pa.Table:
+        m = hi - lo
+        n = pa.array(
+            rng.integers(-5, 5, m), pa.int32(), mask=rng.random(m) < 0.2 if nulls else None
+        )
+        return pa.table(
+            {
+                "id": np.arange(lo, hi, dtype=np.int64),
+                "n": n,
+                "f": rng.random(m),
+                "s": [f"r{i}" for i in range(lo, hi)],
+                "ts": pa.array(rng.integers(0, 10**12, m), pa.int64()).cast(
+                    schema.field("ts").type
+                ),
+                "v": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(m * 4, np.float32)), 4),
+            },
+            schema=schema,
+        )
+
+    def same(cols: list[str] | None) -> None:
+        ids = rng.permutation(array_of_live(ds))[:7].astype(np.int64)
+        d = rng.random(len(ids)).astype(np.float64)
+        want = ds._rows(ids, cols).append_column(
+            pa.field("_distance", pa.float32()), pa.array(d.astype(np.float32))
+        )
+        got = ds._hits(ids, d, cols)
+        assert got.schema.equals(want.schema) and got.equals(want), cols
+        empty = ds._hits(ids[:0], d[:0], cols)
+        assert empty.num_rows == 0 and empty.schema.equals(want.schema)
+
+    ds.upsert(batch(0, 300, nulls=False))
+    for cols in (["id"], ["f", "id"], ["n", "id", "v", "_x"][:3], None, ["ts", "s"]):
+        same(cols)
+    ds.upsert(batch(300, 500, nulls=True))  # a second chunk, nulls in n
+    ds.delete([1, 2, 3])
+    ds.upsert(batch(10, 20, nulls=True))  # updated rows
+    for cols in (["id"], ["n", "f"], None):
+        same(cols)
+    ds.compact()
+    for cols in (["id", "n"], None):
+        same(cols)
+    with pytest.raises(DatasetError, match="unknown column"):
+        ds._hits(np.array([0]), np.array([0.0]), ["nope"])
+
+
+def array_of_live(ds: Dataset) -> np.ndarray:
+    return np.array(sorted(ds.live), dtype=np.int64)
