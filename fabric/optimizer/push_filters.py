@@ -26,7 +26,8 @@ import dataclasses
 from typing import Any
 
 from connectors.base import Pushdown
-from dsl.ast import Expr, Literal, and_all, conjuncts, sources_of, unqualify
+from dsl.ast import Column, Expr, Literal, and_all, conjuncts, sources_of, unqualify
+from dsl.ast import replace as replace_expr
 from fabric.optimizer._util import aliases, ask_filter, derived_names
 from fabric.plan.nodes import Derive, Filter, Join, Plan, Scan, Sort
 
@@ -83,7 +84,10 @@ def _push(node: Plan, c: Expr, catalog: Any) -> Plan | None:
         return Filter(inner, node.predicate)
     if isinstance(node, Derive):
         if {col.qualified for col in c.columns()} & derived_names(node):
-            return _wrap(node, [c])
+            inlined = _inlined(node, c, catalog)
+            if inlined is None:
+                return _wrap(node, [c])
+            return Derive(_push_or_wrap(node.input, inlined, catalog), node.items)
         return Derive(_push_or_wrap(node.input, c, catalog), node.items)
     if isinstance(node, Sort):
         return Sort(_push_or_wrap(node.input, c, catalog), node.keys)
@@ -100,6 +104,27 @@ def _push(node: Plan, c: Expr, catalog: Any) -> Plan | None:
             return node
         return dataclasses.replace(node, on=_all([*conjuncts(node.on), c]))
     return None  # Project, Aggregate, Limit, VectorSearch, UserFunction, EncryptedScore
+
+
+def _inlined(derive: Derive, c: Expr, catalog: Any) -> Expr | None:
+    """``c`` over ``derive``'s columns with each replaced by the expression computing it
+    (``cntrycode in {{session.codes}}`` -> ``substring(c.c_phone, 1, 2) in ...``: TPC-H
+    Q22's customers), when that reads only columns from below and the scan under the
+    Filter / Derive chain takes it (EXACT or INEXACT: the source then evaluates it as the
+    fabric would, ``Pushdown``'s contract); else None (``c`` stays above the Derive)."""
+    items = {name: e for name, e, _ in derive.items}
+    inlined = replace_expr(
+        c, lambda e: None, pre=lambda e: items.get(e.qualified) if isinstance(e, Column) else None
+    )
+    if {col.qualified for col in inlined.columns()} & derived_names(derive):
+        return None
+    scan: Plan = derive.input
+    while isinstance(scan, Filter | Derive | Sort):
+        scan = scan.input
+    if not isinstance(scan, Scan) or scan.aggregate is not None:
+        return None
+    answer = ask_filter(catalog, scan.uri, unqualify(inlined))
+    return inlined if answer in (Pushdown.EXACT, Pushdown.INEXACT) else None
 
 
 def _into_scan(scan: Scan, c: Expr, catalog: Any) -> Plan:
