@@ -855,6 +855,73 @@ def test_flight_client_starts_grpc_without_the_event_engine(preset) -> None:
         assert "event_engine_listener:off" in line and "event_engine_callback_cq:off" in line
 
 
+THREAD_STATE_PROBE = """
+import itertools, json, sys, threading
+import pyarrow.flight as fl
+import fabric
+from fabric.service import flight
+from fabric.service.core import QueryService
+
+local = threading.local()
+numbers = itertools.count(1)
+stale = []  # calls whose start found a thread-local of an earlier call on its thread
+
+class Mark(fl.ServerMiddleware):
+    def __init__(self, n):
+        self.n = n
+
+class Marks(fl.ServerMiddlewareFactory):  # started before the token check, same callback
+    def start_call(self, info, headers):
+        if getattr(local, "n", None) is not None:
+            stale.append(local.n)
+        local.n = n = next(numbers)
+        return Mark(n)
+
+class Server(flight.FabricFlightServer):
+    def do_action(self, context, action):
+        self._agent(context)  # through the token check, as every call
+        seen = getattr(local, "n", None)  # the handler is a callback of its own
+        mine = context.get_middleware("mark").n
+        return [fl.Result(json.dumps([seen == mine, len(stale)]).encode())]
+
+fab = fabric.open(sys.argv[1])
+server = Server(QueryService(fab), "grpc://127.0.0.1:0", middleware={"mark": Marks()})
+threading.Thread(target=server.serve, daemon=True).start()
+client = fl.FlightClient(f"grpc://127.0.0.1:{server.port}")
+opts = fl.FlightCallOptions(headers=[(b"authorization", b"Bearer tok-0123456789abcdef")])
+got = []
+for _ in range(40):
+    (r,) = client.do_action(fl.Action("n", b""), options=opts)
+    got.append(json.loads(r.body.to_pybytes()))
+print(json.dumps({"same_state": sum(s for s, _ in got), "stale": got[-1][1]}))
+server.shutdown()
+fab.close()
+"""
+
+
+def test_a_flight_call_keeps_one_python_thread_state(tmp_path) -> None:
+    """pyarrow runs each Python callback of a Flight call on a gRPC thread Python does not
+    know; every callback built a thread state of its own (and mapped and unmapped its
+    frame stack). The token check keeps the state of its start for the call's handler
+    and the rest of its callbacks, and lets it go when the call completes: a thread-local
+    set as the call starts is seen by its handler (40 of 40 calls), and none is left for
+    the next call on that thread (gRPC ends threads and starts new ones: a state kept
+    past its call would be kept forever)."""
+    (tmp_path / "fabric.yaml").write_text(
+        'agents:\n  t: {token: "tok-0123456789abcdef", bindings: ["*"]}\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", THREAD_STATE_PROBE, str(tmp_path / "fabric.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"same_state": 40, "stale": 0}, got
+
+
 async def _mcp(open_streams: Any, calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, list[Any]]:
     from mcp.client.session import ClientSession
 

@@ -20,6 +20,7 @@ serves every request in arrival order instead, with no per-agent limit.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import hmac
 import threading
 from collections import deque
@@ -154,9 +155,18 @@ def parse_agents(L: Any, doc: Any) -> dict[str, AgentConfig]:
     return out
 
 
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
 class Authenticator:
+    """The agent of a request's token: one dict lookup by the token's SHA-256 (what an
+    attacker can time is the digest's, never the token's bytes), then a constant-time
+    compare with the token itself."""
+
     def __init__(self, agents: Mapping[str, AgentConfig]):
         self.agents = dict(agents)
+        self.by_digest = {_digest(a.token): a for a in self.agents.values()}
 
     def agent(self, authorization: str | None) -> AgentConfig:
         """The agent whose token ``authorization`` (``Bearer <token>``) carries."""
@@ -174,11 +184,8 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("the authorization header must read 'Bearer <token>'")
         token = token.strip()
-        found = None
-        for a in self.agents.values():  # compare every token in constant time
-            if hmac.compare_digest(a.token.encode(), token.encode()):
-                found = a
-        if found is None:
+        found = self.by_digest.get(_digest(token))
+        if found is None or not hmac.compare_digest(found.token.encode(), token.encode()):
             raise Unauthenticated("unknown token: no agent in fabric.yaml holds it")
         return found
 

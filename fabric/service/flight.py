@@ -19,7 +19,9 @@ the same class with the server's message.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import sys
 import threading
 import uuid
 from typing import Any
@@ -46,9 +48,37 @@ def flight_error(e: ServiceError) -> fl.FlightError:
     return _ERRORS.get(e.kind, fl.FlightServerError)(str(e), extra_info=e.kind.encode())
 
 
+_GILSTATE = ctypes.pythonapi if sys.implementation.name == "cpython" else None
+
+
 class _AuthMiddleware(fl.ServerMiddleware):
+    """The agent of the call's token; and the Python thread state of the call's gRPC
+    thread, kept from ``start_call`` to ``call_completed``.
+
+    pyarrow runs each Python callback of a call (the middleware's ``start_call``, the
+    handler, ``sending_headers``, ``call_completed``) on a thread of gRPC's that Python
+    does not know: ``PyGILState_Ensure`` makes a thread state for the callback and the
+    matching release deletes it, so every callback built a thread state and mapped and
+    unmapped its 16 KB frame stack. One more ``PyGILState_Ensure`` in ``start_call`` (the
+    thread holds the GIL there, so it only counts) keeps that state for the call's other
+    callbacks; ``call_completed``, on the same thread (pyarrow runs a call's middleware
+    and handler on one thread), releases it, so nothing outlives the call (gRPC ends
+    threads and starts new ones: a state kept past its call would be kept forever)."""
+
     def __init__(self, agent: Any):
         self.agent = agent
+        self.thread = 0
+        self.state = 0
+
+    def keep_thread_state(self) -> None:
+        if _GILSTATE is not None:
+            self.state = _GILSTATE.PyGILState_Ensure()
+            self.thread = threading.get_ident()
+
+    def call_completed(self, exception: Any) -> None:
+        if self.thread and self.thread == threading.get_ident():
+            self.thread = 0
+            _GILSTATE.PyGILState_Release(self.state)  # type: ignore[union-attr]
 
 
 class _AuthFactory(fl.ServerMiddlewareFactory):
@@ -58,17 +88,23 @@ class _AuthFactory(fl.ServerMiddlewareFactory):
     def start_call(self, info: Any, headers: dict[str, list[str]]) -> _AuthMiddleware:
         values: list[str | None] = [*(headers.get("authorization") or [])] or [None]
         try:
-            return _AuthMiddleware(self.service.agent(values[0]))
+            middleware = _AuthMiddleware(self.service.agent(values[0]))
         except Unauthenticated as e:
             raise flight_error(e) from None
+        # the last factory (nothing after it can fail the call's start), so call_completed
+        # is sure to come
+        middleware.keep_thread_state()
+        return middleware
 
 
 def result_table(result: Any) -> pa.Table:
     """The result's table with freshness and stats in its schema metadata."""
-    meta = dict(result.table.schema.metadata or {})
-    meta[b"fabric.freshness"] = wire.dumps(result.freshness)
-    meta[b"fabric.stats"] = wire.dumps(result.stats)
-    meta[b"fabric.binding"] = (result.binding or "").encode()
+    meta = {
+        **(result.table.schema.metadata or {}),
+        b"fabric.freshness": wire.dumps(result.freshness),
+        b"fabric.stats": wire.dumps(result.stats),
+        b"fabric.binding": (result.binding or "").encode(),
+    }
     if result.partial:
         meta[b"fabric.partial"] = b"1"
     return result.table.replace_schema_metadata(meta)
@@ -165,18 +201,21 @@ class FabricFlightServer(fl.FlightServerBase):
         return context.get_middleware("auth").agent
 
     def _run(self, agent: Any, req: dict[str, Any]) -> pa.Table:
-        from fabric.tracing import session as traced_session
-
         session = wire.decode_session(req.get("session"))
         sid = req.get("session_id")  # the agent's session in traces (docs/tracing.md)
-        with traced_session(str(sid)[:200] if sid is not None else None):
-            if "binding" in req:
-                res = self.service.query(agent, str(req["binding"]), session)
-            elif "text" in req:
-                res = self.service.query_text(agent, str(req["text"]), session, req.get("python"))
-            else:
-                raise BadRequest('a ticket names a "binding" or carries a "text" query')
-        return result_table(res)
+        if sid is None:  # no session of its own: the thread's (None) as it is
+            return result_table(self._query(agent, req, session))
+        from fabric.tracing import session as traced_session
+
+        with traced_session(str(sid)[:200]):
+            return result_table(self._query(agent, req, session))
+
+    def _query(self, agent: Any, req: dict[str, Any], session: dict[str, Any]) -> Any:
+        if "binding" in req:
+            return self.service.query(agent, str(req["binding"]), session)
+        if "text" in req:
+            return self.service.query_text(agent, str(req["text"]), session, req.get("python"))
+        raise BadRequest('a ticket names a "binding" or carries a "text" query')
 
     def do_get(self, context: Any, ticket: fl.Ticket) -> fl.FlightDataStream:
         agent = self._agent(context)
