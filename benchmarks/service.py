@@ -301,8 +301,11 @@ def probe_server(kind: str, config: str, env: dict[str, str], tables: dict, out:
         with grpc_defaults():
             server = Probe(QueryService(fab), "grpc://127.0.0.1:0", middleware=timed)
     server.do_get = handler(server.do_get)
+    # served from a thread with the main thread waiting, as in fabric serve (FlightThread)
+    threading.Thread(target=server.serve, name="fabric-flight", daemon=True).start()
     out.put(server.port)
-    server.serve()
+    while True:
+        time.sleep(0.5)
 
 
 def _spawn(target: Any, *args: Any) -> tuple[Any, Any]:
@@ -442,6 +445,7 @@ def overhead(
                 row[kind]["query"] = None
         out.append(row)
         sock.close()
+    out.append({"query": "idle", "gaps": idle_gaps(bare, ipc["dataset"], reps, server_times)})
     conn.close()
     for c in (remote, probe):
         c.close()
@@ -452,6 +456,58 @@ def overhead(
         p.terminate()
         p.join(10)
     return out
+
+
+IDLE_GAPS_MS = (0.0, 1.0, 10.0)
+
+
+def idle_gaps(bare: Any, ipc: bytes, reps: int, server_times: Any) -> list[dict[str, Any]]:
+    """The same bare Flight do_get and TCP ping-pong back to back and after the caller
+    sleeps ``IDLE_GAPS_MS`` between calls (the server idle meanwhile, as it is between
+    an agent's queries): what an idle machine adds to a round trip (wake-ups of halted
+    CPUs, cold caches), in wall time and in the CPU time of the client's and the
+    server's thread."""
+    import socket
+
+    import pyarrow.flight as fl
+
+    p, port = _spawn(echo_server, len(ipc))
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    ticket = fl.Ticket(b"dataset")
+    rows = []
+    for gap in IDLE_GAPS_MS:
+        server_times(bare)
+        wall: dict[str, list[float]] = {"bare": [], "socket": []}
+        cpu: dict[str, list[float]] = {"bare": [], "socket": []}
+        for _ in range(max(reps // 2, 50)):
+            for kind in ("bare", "socket"):
+                if gap:
+                    time.sleep(gap / 1000)
+                c0 = time.thread_time()
+                t0 = time.perf_counter()
+                if kind == "bare":
+                    bare.do_get(ticket).read_all()
+                else:
+                    sock.sendall(b"x" * 100)
+                    n = 0
+                    while n < len(ipc):
+                        n += len(sock.recv(65536))
+                wall[kind].append(time.perf_counter() - t0)
+                cpu[kind].append(time.thread_time() - c0)
+        st = server_times(bare)
+        rows.append(
+            {
+                "gap": gap,
+                **{f"{k}_p50": statistics.median(v) * 1000 for k, v in wall.items()},
+                **{f"{k}_cpu": statistics.median(v) * 1000 for k, v in cpu.items()},
+                "server_cpu": statistics.median(x[1] for x in st) * 1000 if st else None,
+            }
+        )
+    sock.close()
+    p.terminate()
+    p.join(10)
+    return rows
 
 
 def print_overhead(over: list[dict[str, Any]], reps: int) -> None:
@@ -467,7 +523,10 @@ def print_overhead(over: list[dict[str, Any]], reps: int) -> None:
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.3f}"
 
+    idle = [o for o in over if o["query"] == "idle"]
     for o in over:
+        if o["query"] == "idle":
+            continue
         for kind in PATHS:
             r = o[kind]
             parts = ("server", "server_cpu", "pre", "handler", "query", "write")
@@ -490,6 +549,21 @@ def print_overhead(over: list[dict[str, Any]], reps: int) -> None:
         "ours; socket: TCP ping-pong of the ticket out and the result's IPC bytes back; rtt: "
         "Flight list_actions to fabric serve (no query); http: POST /v1/query_text"
     )
+    for o in idle:
+        print(
+            "\nidle between calls: a bare Flight do_get of the dataset result and a TCP "
+            "ping-pong of its size, back to back and after the client sleeps"
+        )
+        print(
+            f"{'gap ms':>6} {'flight p50':>10} {'client cpu':>10} {'server cpu':>10} "
+            f"{'socket p50':>10} {'client cpu':>10}"
+        )
+        for g in o["gaps"]:
+            sc = "-" if g["server_cpu"] is None else f"{g['server_cpu']:.3f}"
+            print(
+                f"{g['gap']:>6g} {g['bare_p50']:>10.3f} {g['bare_cpu']:>10.3f} {sc:>10} "
+                f"{g['socket_p50']:>10.3f} {g['socket_cpu']:>10.3f}"
+            )
 
 
 def cleanup(env: dict[str, str]) -> None:
