@@ -343,3 +343,34 @@ def test_search_fast_path_failures_are_the_general_paths(
         table = got[0][1][0]
         assert table.num_rows == 0 and table.column_names == ["cl", "id"]
         assert got[0][1][5] is True  # partial
+
+
+def test_search_fast_path_follows_a_source_whose_answer_changes_schema(
+    world: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``_run_search`` keeps per plan (the answer's schema, the positions picked from
+    it) holds only for an answer of that schema: one with other column types or order is
+    answered as the general path answers it."""
+    src, x = world
+    real = src.search
+
+    def changed(*args: Any, **kw: Any) -> Any:
+        table, info = real(*args, **kw)
+        table = table.select(list(reversed(table.column_names)))  # other positions
+        return table.set_column(
+            table.column_names.index("id"), "id", table.column("id").cast(pa.int32())
+        ), info
+
+    with _open(tmp_path, src, {"b": _binding("b", None, "[n._distance, n.id]")}) as fab:
+        first = fab.query("b", session={"q": x[3]})
+        strategy = first.stats["sources"]["n"]["strategy"]
+        for general in (False, True):
+            with monkeypatch.context() as m:
+                if general:
+                    _general(m)
+                m.setattr(src, "search", _forced(changed, strategy))
+                res = fab.query("b", session={"q": x[3]})
+            assert res.table.schema.equals(fab.binding("b").runnable.schema)
+            assert res.table.equals(first.table)
+        again = fab.query("b", session={"q": x[3]})  # and back
+        assert again.table.equals(first.table)

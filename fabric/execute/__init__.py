@@ -200,8 +200,10 @@ class _SearchShape:
     (a ``nearest:`` binding without order / limit / derived columns): ``_Run.run_search``
     runs it without the general scheduler -- one search, then one select-and-rename of
     its columns straight from the search's table (no intermediate ``alias.column``
-    table). ``picked`` is, per column names of the search's answer, the positions to
-    select (the same resolution as ``_plain_project``'s)."""
+    table). ``picked`` is the last schema of the search's answer and the positions to
+    select from it (the same resolution as ``_plain_project``'s), their types checked: an
+    answer of that schema (one ``equals``, a pointer test when the source keeps its
+    schema object, as ``Dataset._hits`` does) takes them as they are."""
 
     __slots__ = ("alias", "columns", "leaf", "out_names", "picked", "project", "root_ok", "types")
 
@@ -210,7 +212,7 @@ class _SearchShape:
         self.out_names = [n for n, _, _ in project.items]
         self.types = [t for _, _, t in project.items]
         self.columns = [e for _, e, _ in project.items if isinstance(e, Column)]
-        self.picked: dict[tuple[str, ...], list[int] | None] = {}
+        self.picked: tuple[pa.Schema, list[int]] | None = None
 
 
 def _search_shape(pp: PhysicalPlan) -> _SearchShape | None:
@@ -452,20 +454,20 @@ class _Run:
         if time.monotonic() - t_unit > self.timeout:
             return self._run_from(alias, self._timed_out(alias))
         t0 = time.perf_counter()
-        names = tuple(table.schema.names)
-        cols = shape.picked.get(names, False)
-        if cols is False:
-            prefixed = [f"{alias}.{n}" for n in names]
+        schema = table.schema
+        picked = shape.picked
+        if picked is not None and schema.equals(picked[0]):
+            out = table.select(picked[1]).rename_columns(shape.out_names)
+        else:
+            prefixed = [f"{alias}.{n}" for n in schema.names]
             try:
                 cols = [prefixed.index(resolve(c, prefixed, {})) for c in shape.columns]
-            except UnresolvedColumn:
-                cols = None  # the general path says which column is missing
-            shape.picked[names] = cols
-        if cols is None:
-            return self._run_from(alias, self._prefixed(alias, table))
-        out = table.select(cols).rename_columns(shape.out_names)
-        if out.schema.types != shape.types:
-            return self._run_from(alias, self._prefixed(alias, table))
+            except UnresolvedColumn:  # the general path says which column is missing
+                return self._run_from(alias, self._prefixed(alias, table))
+            out = table.select(cols).rename_columns(shape.out_names)
+            if out.schema.types != shape.types:
+                return self._run_from(alias, self._prefixed(alias, table))
+            shape.picked = (schema, cols)  # one assignment: concurrent runs see either
         if shape.root_ok:
             self.conformed = out
         self._record(shape.project, out.num_rows, t0)
