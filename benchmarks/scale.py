@@ -14,6 +14,9 @@ them):
    1-shard distribution, plus the measured scatter overhead) next to what was measured.
 3. **Federated**: TPC-H queries (``--tpch``, SF ``--sf``; benchmarks/tpch) local vs
    ``executor: ray`` with 1, 2 and 4 scan tasks per scan: p50 latency and throughput.
+4. **Joins** (``--joins``): a partitioned hash join on Ray (fabric.ray.join) in 2 and 4
+   parts against DuckDB's one join of the same two tables, ``--join-rows`` rows a side:
+   wall and driver CPU medians, and the driver's partitioning time.
 
     .venv/bin/python benchmarks/scale.py                       # everything (~5-10 min)
     .venv/bin/python benchmarks/scale.py --n 20000 --queries 100 --skip-tpch   # quick
@@ -395,6 +398,7 @@ def federated(args, cluster) -> None:
     from benchmarks.tpch import harness as H
     from benchmarks.tpch import load
     from benchmarks.tpch.queries import QUERIES, Vocab
+    from fabric.ray.join import RayJoins
     from fabric.ray.scan import RayScans
 
     data = load.prepare(args.sf)
@@ -409,14 +413,22 @@ def federated(args, cluster) -> None:
             q = QUERIES[name]
             session = H.session_values(name, q.params(args.sf, None, vocab))
             cl, cr = H.compile_binding(local, name), H.compile_binding(on_ray, name)
-            modes = [("local", local, cl, None)] + [
-                (f"ray {w} task(s)", on_ray, cr, w) for w in args.workers
+            modes = [("local", local, cl, None, False)] + [
+                (f"ray {w} task(s)", on_ray, cr, w, False) for w in args.workers
             ]
+            if args.joins:  # and every eligible join as partitioned tasks (fabric.ray.join)
+                modes += [(f"ray {w} + joins on ray", on_ray, cr, w, True) for w in args.workers]
             ref = None
             base = None
-            for label, fab, comp, w in modes:
+            default_joins = on_ray.catalog.executor.joins
+            for label, fab, comp, w, on_joins in modes:
                 if w is not None:
                     on_ray.catalog.executor.scans = RayScans(cluster, min_rows=0, tasks=w)
+                    on_ray.catalog.executor.joins = (
+                        RayJoins(cluster, min_rows=0, tasks=max(2, w))
+                        if on_joins
+                        else default_joins
+                    )
                 try:
                     res = H.run_binding(fab, comp, session)  # warm (and the answer)
                 except Exception as e:  # a timeout on a loaded machine: say so, go on
@@ -434,14 +446,100 @@ def federated(args, cluster) -> None:
                 p50 = pct(xs, 50)
                 base = base or p50
                 tasks = sum(s.get("ray", {}).get("tasks", 0) for s in res.stats["sources"].values())
-                rows.append([name, label, p50, pct(xs, 95), 1e3 / np.mean(xs), p50 / base, tasks])
+                on_ray_joins = ""
+                if on_joins:
+                    plan = H.run_binding(fab, comp, session, analyze=True).explain or ""
+                    on_ray_joins = plan.count("ray: partitioned hash join")
+                rows.append(
+                    [
+                        name,
+                        label,
+                        p50,
+                        pct(xs, 95),
+                        1e3 / np.mean(xs),
+                        p50 / base,
+                        tasks,
+                        on_ray_joins,
+                    ]
+                )
     finally:
         on_ray.close()
         local.close()
     table(
         f"Federated: TPC-H SF {args.sf} (lineitem in S3, orders/customer in MariaDB, ...), "
         f"{args.repeat} runs each, tables equal to local mode",
-        ["query", "mode", "p50 ms", "p95 ms", "qps", "p50 / local", "ray tasks"],
+        ["query", "mode", "p50 ms", "p95 ms", "qps", "p50 / local", "scan tasks", "joins on ray"],
+        rows,
+    )
+
+
+def joins(args, cluster) -> None:
+    """A partitioned hash join on Ray (fabric.ray.join) against DuckDB's one join of the
+    same two Arrow tables, as a DuckDB region runs it; interleaved, ``--repeat`` rounds."""
+    import duckdb
+
+    from fabric.ray.join import RayJoins
+
+    rng = np.random.default_rng(16)
+    rows = []
+    for n in args.join_rows:
+        left = pa.table(
+            {
+                "l.k": pa.array(rng.integers(0, n, n), pa.int64()),
+                "l.v": pa.array(rng.standard_normal(n)),
+                "l.w": pa.array(rng.integers(0, 100, n), pa.int64()),
+            }
+        )
+        right = pa.table(
+            {"r.k": pa.array(rng.permutation(n), pa.int64()), "r.x": pa.array(rng.random(n))}
+        )
+        on = '"l.k" = "r.k"'
+        ray_joins = {w: RayJoins(cluster, min_rows=0, tasks=w) for w in args.workers if w > 1}
+
+        def local(left=left, right=right, on=on):
+            con = duckdb.connect()
+            con.register("__fabric_l", left)
+            con.register("__fabric_r", right)
+            out = con.sql(f"SELECT * FROM __fabric_l JOIN __fabric_r ON {on}").to_arrow_table()
+            con.close()
+            return out, None
+
+        ways = [("duckdb, one join", local)] + [
+            (
+                f"ray, {w} parts",
+                lambda j=j, left=left, right=right, on=on: j.join(
+                    left, right, [("l.k", "r.k")], "inner", on, []
+                ),
+            )
+            for w, j in ray_joins.items()
+        ]
+        wall: dict[str, list[float]] = {w: [] for w, _ in ways}
+        cpu: dict[str, list[float]] = {w: [] for w, _ in ways}
+        extra: dict[str, list[float]] = {w: [] for w, _ in ways}
+        size = None
+        for r in range(args.repeat + 1):  # the first round warms (workers, imports)
+            for name, fn in ways[r % len(ways) :] + ways[: r % len(ways)]:
+                c0, t0 = time.process_time(), time.perf_counter()
+                out, info = fn()
+                t, c = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+                if size is None:
+                    size = out.num_rows
+                assert out.num_rows == size, (name, out.num_rows, size)
+                if r:
+                    wall[name].append(t)
+                    cpu[name].append(c)
+                    if info is not None:
+                        extra[name].append(info["partition_ms"])
+        base = pct(wall["duckdb, one join"], 50)
+        mb = (left.nbytes + right.nbytes) / 2**20
+        for name, _ in ways:
+            p50 = pct(wall[name], 50)
+            part = pct(extra[name], 50) if extra[name] else 0.0
+            rows.append([f"{n:,}", f"{mb:.0f}", name, p50, pct(cpu[name], 50), part, p50 / base])
+    table(
+        f"Join: {args.repeat} interleaved rounds, both sides n rows (int64 key), inner, "
+        f"{size:,} rows out at the last n; load {os.getloadavg()[0]:.1f}",
+        ["n", "MB in", "way", "p50 ms", "driver CPU ms", "partitioning ms", "p50 / duckdb"],
         rows,
     )
 
@@ -460,17 +558,26 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--skip-tpch", action="store_true")
     ap.add_argument("--skip-retrieval", action="store_true")
+    ap.add_argument("--joins", action="store_true", help="the partitioned join part")
+    ap.add_argument(
+        "--join-rows",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[200_000, 1_000_000, 2_000_000],
+    )
+    ap.add_argument("--skip-costs", action="store_true")
     args = ap.parse_args()
     from fabric.ray import cluster as C
 
     log(f"starting a local Ray cluster ({args.num_cpus} CPUs); load {os.getloadavg()[0]:.1f}")
     cluster = C.acquire(ROOT / ".fabric" / "ray", num_cpus=args.num_cpus)
     try:
-        costs = ray_costs(cluster)
+        costs = {} if args.skip_costs else ray_costs(cluster)
         if not args.skip_retrieval:
             retrieval(args, cluster, costs)
         if not args.skip_tpch:
             federated(args, cluster)
+        if args.joins:
+            joins(args, cluster)
     finally:
         C.release(cluster)
     log(f"done; load {os.getloadavg()[0]:.1f}")
