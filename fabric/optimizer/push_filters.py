@@ -8,8 +8,9 @@ conjunct:
 - INEXACT: it goes into ``Scan.inexact`` *and* a Filter directly above re-checks it;
 - UNSUPPORTED: a Filter directly above the scan applies it.
 
-A filter is never dropped (fail closed). Conjuncts over derived columns stop above the
-``Derive`` that computes them; conjuncts over two sources become join conditions of the
+A filter is never dropped (fail closed). A conjunct over derived columns goes down with
+each replaced by the expression computing it when the scan takes that (``_inlined``),
+else it stops above the ``Derive`` that computes them; conjuncts over two sources become join conditions of the
 inner join that brings them together (or stay above a left join); conjuncts over the
 nullable side of a left join stay above it; constant conjuncts stay where they are.
 Single-source conjuncts inside an inner join's ``on`` move down the same way.
