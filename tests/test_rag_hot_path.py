@@ -244,3 +244,133 @@ group_by: [e.kind]
     ).fetchall()
     got = [tuple(r.values()) for r in res.table.to_pylist()]
     assert norm(got) == norm(want)
+
+
+# ---------------------------------------------------------------- the small-table path
+# An Aggregate or Sort over at most fabric.execute.SMALL_ROWS rows runs in Python (pyarrow's
+# kernels cost more to set up than the 20 rows of a multi-hop answer); SMALL_ROWS = 0 is the
+# general path. The two must give the same table: rows, their order, types.
+
+_INT = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from([2**62, -(2**63)]))
+_ROWS = st.lists(st.tuples(_TEXT, _TEXT, _FLOAT, _DEC, _INT), min_size=0, max_size=40)
+SMALL_AGG = """
+binding: small_agg
+sources:
+  e: {from: memory://t/rnd, where: e.id >= 0}
+select: [e.kind, e.n, count(*) as rows, count(e.score) as scored, count_distinct(e.sym) as syms,
+         count_distinct(e.n) as ns, min(e.score) as lo, max(e.score) as hi, min(e.sym) as first,
+         max(e.sym) as last, min(e.price) as cheap, max(e.price) as dear, max(e.n) as top]
+group_by: [e.kind, e.n]
+"""
+SMALL_ONE_KEY = """
+binding: small_one_key
+sources:
+  e: {from: memory://t/rnd, where: e.id >= 0}
+select: [e.%s, count(*) as rows, count(e.score) as scored, count_distinct(e.sym) as syms,
+         min(e.score) as lo, max(e.score) as hi, min(e.sym) as first, max(e.price) as dear,
+         min(e.n) as low, count_distinct(e.n) as ns]
+group_by: [e.%s]
+"""
+SMALL_TOTAL = """
+binding: small_total
+sources:
+  e: {from: memory://t/rnd, where: e.id >= 0}
+select: [count(*) as rows, min(e.score) as lo, max(e.sym) as last, count_distinct(e.kind) as kinds]
+"""
+SMALL_SORT = """
+binding: small_sort
+sources:
+  e: {from: memory://t/rnd, where: e.id >= 0}
+select: [e.id, e.kind, e.sym, e.score, e.price, e.n]
+order_by: [%s]
+"""
+
+
+def rnd_table(rows: list[tuple]) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(len(rows)), pa.int64()),
+            "kind": pa.array([r[0] for r in rows], pa.string()),
+            "sym": pa.array([r[1] for r in rows], pa.string()),
+            "score": pa.array([r[2] for r in rows], pa.float64()),
+            "price": pa.array([r[3] for r in rows], pa.decimal128(9, 2)),
+            "n": pa.array([r[4] for r in rows], pa.int64()),
+        }
+    )
+
+
+def both_paths(t: pa.Table, binding: str) -> tuple[pa.Table, pa.Table]:
+    import fabric.execute as fx
+
+    tables = world.make_tables()
+    tables["rnd"] = t
+    cat = world.catalog(tables)
+    saved = fx.SMALL_ROWS
+    try:
+        fx.SMALL_ROWS = 10**6
+        _, small = run(cat, binding)
+        fx.SMALL_ROWS = 0
+        _, general = run(cat, binding)
+    finally:
+        fx.SMALL_ROWS = saved
+    return small.table, general.table
+
+
+def same_table(a: pa.Table, b: pa.Table, ordered: bool = True) -> None:
+    """Same schema, same rows in the same order (NaN equal to NaN, -0.0 to 0.0); not
+    ``ordered``: in any order (DuckDB's groups come in no set order)."""
+
+    def rows(t: pa.Table) -> list[tuple]:
+        nan = lambda x: "NaN" if isinstance(x, float) and np.isnan(x) else x  # noqa: E731
+        out = [tuple(nan(x) for x in r.values()) for r in t.to_pylist()]
+        return out if ordered else sorted(out, key=repr)
+
+    assert a.schema == b.schema
+    assert rows(a) == rows(b)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_ROWS)
+def test_small_aggregate_equals_the_general_path(rows) -> None:  # type: ignore[no-untyped-def]
+    """Random tables (NULL keys, -0.0 and 0.0, infinities, NaN, DECIMAL, non-ASCII and
+    empty strings, int64 extremes): aggregates grouped by one key (the Python path), by
+    two (pyarrow's either way) and global ones, the Python path and
+    pyarrow's give the same table, groups in the same order (both DuckDB's, in its order,
+    when a NaN is under min / max)."""
+    t = rnd_table(rows)
+    nan = any(r[2] is not None and r[2] != r[2] for r in rows)
+    for binding in (SMALL_AGG, SMALL_TOTAL, *(SMALL_ONE_KEY % (k, k) for k in ("kind", "n"))):
+        same_table(*both_paths(t, binding), ordered=not nan)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    _ROWS,
+    st.lists(
+        st.tuples(
+            st.sampled_from(["e.kind", "e.sym", "e.score", "e.price", "e.n", "e.n + 1"]),
+            st.sampled_from(["", " asc", " desc"]),
+            st.sampled_from(["", " nulls first", " nulls last"]),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_small_sort_equals_the_general_path(rows, keys) -> None:  # type: ignore[no-untyped-def]
+    """The same random tables sorted by 1-3 random keys (a column or an expression, asc /
+    desc, NULLs first / last / default): the same rows in the same order (a stable sort:
+    ties keep their input order), NaN keys through pyarrow's sort."""
+    order = ", ".join(f"{k}{d}{n}" for k, d, n in keys)
+    same_table(*both_paths(rnd_table(rows), SMALL_SORT % order))
+
+
+def test_stage_list_is_sorted_whatever_the_row_order() -> None:
+    """``x in S`` binds S's distinct values sorted, NULL last: the same set is the same
+    parameter (the dataset's filter cache and guard history are keyed by it)."""
+    from fabric.execute.stages import bind
+
+    names = frozenset({"stage:syms:list"})
+    a = pa.table({"symbol": ["MSFT", None, "AAPL", "MSFT", "NVDA"]})
+    b = pa.table({"symbol": ["NVDA", "AAPL", None, "MSFT", "AAPL"]})
+    assert bind("syms", a, names) == bind("syms", b, names)
+    assert bind("syms", a, names) == {"stage:syms:list": ["AAPL", "MSFT", "NVDA", None]}

@@ -186,12 +186,17 @@ class _PlanCache:
     Project node, its input's column names, their positions, the output names and types,
     and whether that output is the plan's answer as declared (no ``_conform`` then)."""
 
-    __slots__ = ("projects", "search")
+    __slots__ = ("exprmaps", "in_process", "names", "projects", "search")
 
     def __init__(self) -> None:
         self.projects: dict[
             int, tuple[list[str], list[int] | None, list[str], list[Any], bool]
         ] = {}
+        # per node (by id, the plan keeps its nodes alive): ``_planner.exprmap`` of it
+        self.exprmaps: dict[int, dict[Expr, str]] = {}
+        self.names: dict[int, list[str]] = {}  # and its schema's names
+        # per (catalog, unit alias): whether the unit's source scans in this process
+        self.in_process: dict[tuple[int, str], bool] = {}
         self.search: _SearchShape | bool | None = False  # False: not looked at yet
 
 
@@ -521,7 +526,30 @@ class _Run:
             d.add_done_callback(dep_done)
 
     def _in_process(self, alias: str) -> bool:
-        return _planner._in_process(self.catalog, self.units[alias].leaf.uri)
+        known = _plan_cache(self.pp).in_process
+        key = (id(self.catalog), alias)
+        hit = known.get(key)
+        if hit is None:
+            hit = known[key] = _planner._in_process(self.catalog, self.units[alias].leaf.uri)
+        return hit
+
+    def _names(self, node: Plan) -> list[str]:
+        """``node.schema.names``, once per node of the plan (a StageRef builds its schema
+        anew on every call)."""
+        known = _plan_cache(self.pp).names
+        hit = known.get(id(node))
+        if hit is None:
+            hit = known[id(node)] = node.schema.names
+        return hit
+
+    def _exprmap(self, node: Plan) -> dict[Expr, str]:
+        """``_planner.exprmap(node)``, once per node of the plan (it walks down to the
+        Project or Aggregate below: a dict built per node and query otherwise)."""
+        known = _plan_cache(self.pp).exprmaps
+        hit = known.get(id(node))
+        if hit is None:
+            hit = known[id(node)] = _planner.exprmap(node)
+        return hit
 
     def _wait(self, alias: str) -> pa.Table:
         table = self.done.get(alias)
@@ -856,7 +884,7 @@ class _Run:
         t0 = time.perf_counter()
         engine = "arrow"
         if isinstance(p, PyArrowStep) and isinstance(node, StageRef):
-            table = self._run(p.input).rename_columns(node.schema.names)
+            table = self._run(p.input).rename_columns(self._names(node))
         elif isinstance(p, PyArrowStep) and isinstance(node, Stage):
             table = self._run(p.input)
         elif isinstance(p, PyArrowStep):
@@ -894,7 +922,7 @@ class _Run:
         """Filter / Derive / Project / Sort / Limit in pyarrow (the physical planner sends
         the nodes with an expression pyarrow has no form for to DuckDB instead)."""
         child = node.input if isinstance(node, _UNARY) else node.children()[0]
-        exprmap = _planner.exprmap(child)
+        exprmap = self._exprmap(child)
         if isinstance(node, Project):
             picked = self._plain_project(node, table, exprmap)
             if picked is not None:
@@ -925,16 +953,20 @@ class _Run:
             if isinstance(node, Sort):
                 keyed = table
                 sort_keys = []
+                names = table.schema.names
                 for i, k in enumerate(node.keys):
-                    keyed = keyed.append_column(
-                        f"__k{i}", self._values(k.expr, table, res, exprmap)
-                    )
+                    key = _plain_column(k.expr, names, res)
+                    if key is None:  # an expression: its values as a column of their own
+                        key = f"__k{i}"
+                        keyed = keyed.append_column(key, self._values(k.expr, table, res, exprmap))
                     nulls = "at_start" if k.nulls_first else "at_end"
-                    sort_keys.append(
-                        (f"__k{i}", "descending" if k.descending else "ascending", nulls)
-                    )
-                idx = pc.sort_indices(keyed, sort_keys=sort_keys)
-                return table.take(idx)
+                    sort_keys.append((key, "descending" if k.descending else "ascending", nulls))
+                if table.num_rows <= SMALL_ROWS:
+                    order = _small_sort_indices(keyed, sort_keys)
+                    if order is not None:  # (rows already in order, as a search's are: as is)
+                        same = order == list(range(len(order)))
+                        return table if same else table.take(np.array(order, np.int64))
+                return table.take(pc.sort_indices(keyed, sort_keys=sort_keys))
             if isinstance(node, Limit):
                 return table.slice(node.offset, node.n)
             if isinstance(node, Aggregate):
@@ -963,24 +995,26 @@ class _Run:
                 aggs.append(([], "count_all"))
                 continue
             name = f"__a{j}"
-            v = cols[name] = self._values(call.args[0], table, res, exprmap)
-            if (
-                call.name in ("min", "max")
-                and isinstance(v, pa.ChunkedArray | pa.Array)
-                and pa.types.is_floating(v.type)
-                and pc.any(pc.is_nan(v)).as_py()
-            ):
-                raise _NotInArrow("NaN under min / max")  # DuckDB orders NaN above all
+            cols[name] = self._values(call.args[0], table, res, exprmap)
             aggs.append((name, call.name))
         if not all(isinstance(c, pa.ChunkedArray | pa.Array) for c in cols.values()):
             raise _NotInArrow("a constant argument")
-        inp = pa.table(cols) if cols else pa.table({"__n": pa.nulls(table.num_rows)})
-        try:
-            out = inp.group_by(keys, use_threads=False).aggregate(aggs)
-        except pa.ArrowTypeError as e:  # no hash kernel for the type (a list, a struct)
-            raise _NotInArrow(str(e)) from e
-        got = [out.column(k) for k in keys]
-        got += [out.column(f"{a}_{fn}" if a else fn) for a, fn in aggs]
+        got = None
+        if table.num_rows <= SMALL_ROWS:  # None: a type or a NaN it leaves
+            got = _small_aggregate(keys, aggs, cols, table.num_rows)
+        if got is None:
+            for a, fn in aggs:
+                if fn not in ("min", "max") or not pa.types.is_floating(cols[a].type):
+                    continue
+                if pc.any(pc.is_nan(cols[a])).as_py():  # DuckDB orders NaN above all
+                    raise _NotInArrow("NaN under min / max")
+            inp = pa.table(cols) if cols else pa.table({"__n": pa.nulls(table.num_rows)})
+            try:
+                out = inp.group_by(keys, use_threads=False).aggregate(aggs)
+            except pa.ArrowTypeError as e:  # no hash kernel for the type (a list, a struct)
+                raise _NotInArrow(str(e)) from e
+            got = [out.column(k) for k in keys]
+            got += [out.column(f"{a}_{fn}" if a else fn) for a, fn in aggs]
         items = (*node.group_by, *node.aggregates)
         return pa.table(
             [_cast(c, t) for c, (_, _, t) in zip(got, items)], names=[n for n, _, _ in items]
@@ -997,7 +1031,7 @@ class _Run:
         hit = cache.get(id(node))
         if hit is None or hit[0] != names:
             cols = None
-            if not exprmap and all(isinstance(e, Column) for _, e, _ in node.items):
+            if all(isinstance(e, Column) for _, e, _ in node.items):  # (as _values resolves)
                 res = self._resolver(node.input, table, exprmap)
                 cols = [names.index(res(e)) for _, e, _ in node.items]
             out_names, types = [n for n, _, _ in node.items], [t for _, _, t in node.items]
@@ -1318,6 +1352,106 @@ def _relay(out: cf.Future[Any], inner: cf.Future[Any]) -> None:
         out.set_result(inner.result())
 
 
+#: an Aggregate or Sort over at most this many rows is computed in Python
+#: (``_small_aggregate``, ``_small_sort_indices``), not by pyarrow's hash aggregation and
+#: sort kernels, whose set-up per call (an Acero plan: 0.15-0.3 ms on these machines) is
+#: most of a multi-hop answer's aggregate and sorts over a 20-row hop; 0 turns it off
+SMALL_ROWS = 64
+
+
+def _small_kind(t: pa.DataType) -> str | None:
+    """How ``_small_aggregate`` and ``_small_sort_indices`` may use a column of type
+    ``t``: "key" (compared, sorted, counted distinct: values whose Python equality and
+    order are Arrow's and DuckDB's), "ordered" (sorted, min / max, count: floats, a NaN
+    sends the node to the general path), or None (a type left to pyarrow)."""
+    if pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "key"
+    if pa.types.is_decimal(t) or pa.types.is_date32(t):
+        return "key"
+    if pa.types.is_timestamp(t) and t.unit != "ns":  # ns values do not fit a datetime
+        return "key"
+    if pa.types.is_floating(t) and not pa.types.is_float16(t):
+        return "ordered"
+    return None
+
+
+def _small_aggregate(
+    keys: list[str], aggs: list[tuple[Any, str]], cols: Mapping[str, Any], n: int
+) -> list[pa.Array] | None:
+    """The columns ``group_by(keys).aggregate(aggs)`` gives over ``cols`` (``n`` rows),
+    computed in Python, for one string key or none: groups in the order of their first row
+    (as pyarrow's, so the answer is the same table), a NULL key a group of its own, NULLs skipped by count /
+    count_distinct / min / max, no groups: one row, even over no rows. None when a
+    column's type is not one it handles (``_small_kind``) or a NaN is under min / max:
+    the general path computes it then (DuckDB, for the NaN)."""
+    if len(keys) > 1:  # pyarrow orders the groups of several keys otherwise (NULLs),
+        return None  # and those of an integer key (sorted, in some cases)
+    for k in keys:
+        if not (pa.types.is_string(cols[k].type) or pa.types.is_large_string(cols[k].type)):
+            return None
+    for a, fn in aggs:
+        kind = None if not a else _small_kind(cols[a].type)
+        if a and (kind is None or (fn == "count_distinct" and kind != "key")):
+            return None
+    values = {name: c.to_pylist() for name, c in cols.items()}
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    if keys:
+        for i, g in enumerate(zip(*(values[k] for k in keys))):
+            rows = groups.get(g)
+            if rows is None:
+                groups[g] = [i]
+            else:
+                rows.append(i)
+    else:
+        groups[()] = list(range(n))
+    out = [pa.array([g[j] for g in groups], cols[k].type) for j, k in enumerate(keys)]
+    for a, fn in aggs:
+        if fn == "count_all":
+            out.append(pa.array([len(rows) for rows in groups.values()], pa.int64()))
+            continue
+        v = values[a]
+        present = [[v[i] for i in rows if v[i] is not None] for rows in groups.values()]
+        if fn == "count":
+            out.append(pa.array([len(p) for p in present], pa.int64()))
+        elif fn == "count_distinct":
+            out.append(pa.array([len(set(p)) for p in present], pa.int64()))
+        else:
+            if any(x != x for p in present for x in p):  # a NaN: DuckDB's order, not Python's
+                return None
+            # of equal values (-0.0 and 0.0) the first, as pyarrow's grouped min / max
+            pick = min if fn == "min" else max
+            out.append(pa.array([pick(p) if p else None for p in present], cols[a].type))
+    return out
+
+
+def _small_sort_indices(table: pa.Table, sort_keys: list[tuple[str, str, str]]) -> list[int] | None:
+    """``pc.sort_indices(table, sort_keys=sort_keys)`` computed in Python, the same
+    permutation: stable, each key ascending or descending with its NULLs first or last.
+    None when a key's type is not one whose Python order is Arrow's (``_small_kind``), or
+    holds a NaN (Arrow orders it above every number)."""
+    order = list(range(table.num_rows))
+    keys = []
+    for name, direction, nulls in sort_keys:
+        col = table.column(name)
+        kind = _small_kind(col.type)
+        if kind is None:
+            return None
+        v = col.to_pylist()
+        if kind == "ordered" and any(x != x for x in v):
+            return None
+        keys.append((v, direction == "descending", nulls == "at_start"))
+    for v, desc, nulls_first in reversed(keys):  # stable sorts, the last key first
+        null = (0,) if nulls_first != desc else (2,)  # (reverse=True keeps ties in order)
+        order.sort(key=partial(_sort_key, v, null), reverse=desc)
+    return order
+
+
+def _sort_key(values: list[Any], null: tuple[int], i: int) -> tuple[Any, ...]:
+    """Row ``i``'s key: NULLs as ``null`` (below or above every value), values after 1."""
+    v = values[i]
+    return null if v is None else (1, v)
+
+
 class _NotInArrow(Exception):
     """pyarrow would not give DuckDB's answer here: the node runs in DuckDB instead."""
 
@@ -1328,6 +1462,19 @@ class _SourceFailed(Exception):
     def __init__(self, cause: Exception):
         self.cause = cause
         super().__init__(str(cause))
+
+
+def _plain_column(e: Expr, names: list[str], res: Any) -> str | None:
+    """The name of the one column of the table (``names``) that a plain column ``e``
+    denotes, so a sort reads it as it is (what ``functions.evaluate`` of the column would
+    return); None: evaluate ``e``."""
+    if not isinstance(e, Column):
+        return None
+    try:
+        name: str = res(e)
+    except QueryError:
+        return None
+    return name if names.count(name) == 1 and not name.startswith("__k") else None
 
 
 def _resolve_in(names: list[str], col: Column) -> str:
