@@ -803,27 +803,55 @@ def test_fair_scheduler_round_robin_between_agents() -> None:
     assert order.index("b") <= 1, order  # b is served next, not after a's whole backlog
 
 
-def test_wire_dumps_is_json_without_nan() -> None:
-    """The C encoder's fast path writes what the Python walk wrote: NaN and infinities as
-    null (no NaN in any answer), datetimes as ISO text, numpy scalars as numbers, other
-    objects and non-text keys as text."""
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
+def test_wire_dumps_is_json_without_nan(monkeypatch, fast) -> None:
+    """orjson and the stdlib's C encoder write what the Python walk wrote: NaN and
+    infinities as null (no NaN in any answer), datetimes as ISO text, numpy scalars as
+    numbers, enums as their values, other objects and non-text keys as text; and
+    wire.loads reads it back as json.loads does (a big integer, which orjson refuses,
+    too)."""
+    import dataclasses
     import datetime as dt
     import decimal
+    import enum
+    import uuid
 
     import numpy as np
 
+    if not fast:
+        monkeypatch.setattr(wire, "orjson", None)
+    else:
+        assert wire.orjson is not None  # the [serve] extra, which the tests install
+
+    class Kind(enum.Enum):
+        A = "a"
+
+    class Num(enum.IntEnum):
+        ONE = 1
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
+    class Big(int):
+        pass
+
     cases: list[Any] = [
-        {"a": 1.5, "b": [1, 2, {"c": "x"}], "n": None, "t": True},
+        {"a": 1.5, "b": [1, 2, {"c": "x"}], "n": None, "t": True, "e": 1e16, "s": 1e-7},
         {"lag": float("nan"), "inf": [float("inf"), -float("inf")]},
         {"at": dt.datetime(2026, 12, 2, 1, 2, 3), "day": dt.date(2026, 12, 2)},
+        {"tz": dt.datetime(2026, 12, 2, 1, 2, 3, 793000, tzinfo=dt.UTC)},
         {"i": np.int64(3), "f": np.float32(0.5), "nan": np.float64("nan")},
         {"d": decimal.Decimal("1.25"), "s": {1}, (1, 2): "tuple key", 7: "int key"},
+        {"k": Kind.A, "n": Num.ONE, "u": uuid.UUID(int=5), "p": Point(1), "t": (1, 2)},
+        {"big": 2**70, "sub": Big(3), "time": dt.time(1, 2)},
     ]
     for obj in cases:
         got = wire.dumps(obj)
-        assert got == json.dumps(wire._plain(obj), separators=(",", ":")).encode(), obj
+        want = json.dumps(wire._plain(obj), separators=(",", ":"))
+        assert json.loads(got) == json.loads(want), obj
         assert b"NaN" not in got and b"Infinity" not in got
-        json.loads(got)
+        assert wire.loads(got) == json.loads(got)
 
 
 GRPC_PROBE = """

@@ -89,8 +89,8 @@ class RemoteFabric:
         except fl.FlightError as e:
             raise _raise(e) from None
         meta = dict(table.schema.metadata or {})
-        freshness = json.loads(meta.pop(b"fabric.freshness", b"{}"))
-        stats = json.loads(meta.pop(b"fabric.stats", b"{}"))
+        freshness = wire.loads(meta.pop(b"fabric.freshness", b"{}"))
+        stats = wire.loads(meta.pop(b"fabric.stats", b"{}"))
         binding = meta.pop(b"fabric.binding", b"").decode() or None
         partial = meta.pop(b"fabric.partial", None) == b"1"
         table = table.replace_schema_metadata(meta or None)
@@ -102,7 +102,7 @@ class RemoteFabric:
             results = list(self._client.do_action(action, options=self._opts))
         except fl.FlightError as e:
             raise _raise(e) from None
-        return json.loads(results[0].body.to_pybytes()) if results else None
+        return wire.loads(results[0].body.to_pybytes()) if results else None
 
     # ---- the fabric.open surface
     def query(

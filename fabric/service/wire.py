@@ -11,12 +11,18 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import enum
 import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+try:  # the [serve] extra: a result's stats and freshness in ~2 us instead of ~12-22 us
+    import orjson
+except ImportError:  # pragma: no cover - the stdlib writes and reads the same values
+    orjson = None  # type: ignore[assignment]
 
 
 def encode_value(v: Any) -> Any:
@@ -87,6 +93,8 @@ def _plain(v: Any) -> Any:
         return [_plain(x) for x in v]
     if isinstance(v, np.generic):
         return _plain(v.item())
+    if isinstance(v, enum.Enum):  # its value, as orjson writes it (and str / int enums)
+        return _plain(v.value)
     if isinstance(v, int | float | str | bool) or v is None:
         return v
     return str(v)
@@ -95,14 +103,41 @@ def _plain(v: Any) -> Any:
 # what the C encoder cannot write itself (datetimes, numpy scalars, other objects) goes
 # through _plain as a value
 _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=_plain).encode
+# orjson sends what it does not write as the stdlib does (datetimes, subclasses of the
+# builtin types, dataclasses) to _plain too; NaN and infinities it writes as null
+_ORJSON = (
+    orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    if orjson is not None
+    else 0
+)
 
 
 def dumps(obj: Any) -> bytes:
-    """``obj`` as compact JSON: the C encoder in one pass (a query's stats and freshness
-    on every served result: ~25 us against ~100-300 us walking them in Python first);
-    only a value with NaN or an infinity, which JSON cannot hold (null in their place), or
-    a key that is not text or a number takes ``_plain``'s walk."""
+    """``obj`` as compact JSON in one pass: orjson if it is installed, else the stdlib's
+    C encoder (a query's stats and freshness on every served result: ~1-2 us, ~12-22 us
+    with the stdlib, ~100-300 us walking them in Python first). A value neither writes
+    as ``_plain`` would (a key that is not text, an integer past 64 bits, an int or
+    float subclass) takes ``_plain``'s walk; NaN and infinities, which JSON cannot hold,
+    are null either way."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(obj, default=_plain, option=_ORJSON)
+        except TypeError:  # a non-text key, a big integer, what _plain left as it was
+            pass
     try:
         return _ENCODE(obj).encode()
     except (ValueError, TypeError):  # NaN / infinity (allow_nan=False), a tuple key
         return json.dumps(_plain(obj), separators=(",", ":")).encode()
+
+
+def loads(data: bytes) -> Any:
+    """JSON from the server (orjson if installed; the stdlib for what orjson refuses:
+    integers past 64 bits, lone surrogates)."""
+    if orjson is not None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
