@@ -61,6 +61,7 @@ class Fabric:
         connections: Mapping[str, Connection] | None = None,
         dataset_sources: Mapping[str, Source] | None = None,
         offline: bool = False,
+        prewarm: bool = True,
     ):
         self.config = config
         self.catalog = catalog or Catalog(
@@ -94,7 +95,8 @@ class Fabric:
         if not offline:
             try:
                 self._start_datasets(ingest)
-                self._prewarm_declared()  # cache: {prewarm: FILE} of the bindings
+                if prewarm:  # cache: {prewarm: FILE} of the bindings
+                    self._prewarm_declared()
             except BaseException:
                 self.close()
                 raise
@@ -241,8 +243,38 @@ class Fabric:
     def validate(self) -> list[Diagnostic]:
         """Parse and compile every binding, and check that every dataset's ``from:`` source
         exists (a topic, table, collection or file); every problem with file, line and
-        column."""
-        return self._check_dataset_sources() + self.bindings.validate()
+        column. A binding's ``cache: {prewarm: FILE}`` is read and each session checked
+        against the binding's session types, not run."""
+        found = self.bindings.validate()
+        return self._check_dataset_sources() + found + self._check_prewarm_files(found)
+
+    def _check_prewarm_files(self, found: list[Diagnostic]) -> list[Diagnostic]:
+        """What ``_prewarm_declared`` would refuse at open (fabric/semantic_cache.py,
+        ``prewarm_sessions``): a missing or unreadable file at the binding's ``prewarm:``,
+        a line that is not a JSON object or whose session values have the wrong types at
+        its line and column. A binding with problems of its own (``found``) is skipped."""
+        from fabric.semantic_cache import prewarm_sessions
+
+        bad = {d.span.file for d in found if d.span is not None}
+        out: list[Diagnostic] = []
+        for name in self.bindings.names():
+            try:
+                spec = self.bindings.spec(name)
+            except LookupError:
+                continue
+            if spec.cache is None or spec.cache.prewarm is None or spec.file in bad:
+                continue
+            try:
+                bind = self.binding(name).bind
+            except DslError:  # reported by bindings.validate()
+                continue
+            path = Path(spec.file)
+            path = path if path.is_absolute() else self.config.root / path
+            try:
+                prewarm_sessions(spec, path, spec.file, bind)
+            except DslError as e:
+                out.extend(e.diagnostics)
+        return out
 
     def _check_dataset_sources(self) -> list[Diagnostic]:
         if self.catalog.offline:
@@ -526,11 +558,13 @@ def open(
     dataset_sources: Mapping[str, Source] | None = None,
     offline: bool = False,
     executor: str | Mapping[str, Any] | None = None,
+    prewarm: bool = True,
 ) -> Fabric:
     """Open a fabric from ``fabric.yaml`` (a path), YAML text, a dict, or a FabricConfig.
 
     ``executor``: ``"local"`` or ``"ray"`` (or ``{"kind": "ray", "min_rows": ...}``),
-    instead of fabric.yaml's ``executor:``."""
+    instead of fabric.yaml's ``executor:``. ``prewarm=False``: the bindings' semantic
+    caches start empty (``cache: {prewarm: FILE}`` is not run; ``validate()`` checks it)."""
     config = (
         path_or_config if isinstance(path_or_config, FabricConfig) else load_config(path_or_config)
     )
@@ -543,6 +577,7 @@ def open(
         connections=connections,
         dataset_sources=dataset_sources,
         offline=offline,
+        prewarm=prewarm,
     )
 
 

@@ -235,7 +235,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         own, _ = _self_check(config.binding_files())
         own_files = {_file_of(d.span.file, base) for d in own if d.span is not None}
         try:
-            with fabric.open(config, ingest=False, watch=False, offline=args.offline) as fab:
+            # prewarm files are checked by validate(), not run
+            opened = fabric.open(
+                config, ingest=False, watch=False, offline=args.offline, prewarm=False
+            )
+            with opened as fab:
                 found = fab.validate()
                 n_bindings = len(fab.bindings.names())
         except DslError as e:

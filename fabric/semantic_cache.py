@@ -349,11 +349,15 @@ def prewarm_sessions(spec: Any, binding_file: Path, display: str, bind: Any) -> 
         raise DslError.at(
             f"cache prewarm: cannot read {shown}: {e.strerror or e}",
             cache.prewarm_span,
-            "the path is relative to the binding file; write one JSON object of session "
-            "values a line",
+            f"create {shown} (one JSON object of session values a line), or fix prewarm: "
+            "(a path relative to the binding file)",
         ) from None
     out: list[dict] = []
     problems: list[Diagnostic] = []
+    at = cache.prewarm_span
+    named = f" (the prewarm: of binding '{spec.name}'" + (
+        f" at {at.file}:{at.line}:{at.col})" if at is not None else ")"
+    )
     for n, text in enumerate(lines, 1):
         if not text.strip():
             continue
@@ -364,7 +368,7 @@ def prewarm_sessions(spec: Any, binding_file: Path, display: str, bind: Any) -> 
                 Diagnostic(
                     f"cache prewarm: not JSON: {e.msg}",
                     Span(shown, n, e.colno),
-                    'one JSON object a line, e.g. {"q": [0.1, 0.2], "symbol": "ACME"}',
+                    'one JSON object a line, e.g. {"q": [0.1, 0.2], "symbol": "ACME"}' + named,
                     source_line=text,
                 )
             )
@@ -375,7 +379,7 @@ def prewarm_sessions(spec: Any, binding_file: Path, display: str, bind: Any) -> 
                     f"cache prewarm: a line must be a JSON object of session values, "
                     f"not {type(values).__name__}",
                     Span(shown, n, 1),
-                    'e.g. {"q": [0.1, 0.2], "symbol": "ACME"}',
+                    'e.g. {"q": [0.1, 0.2], "symbol": "ACME"}' + named,
                     source_line=text,
                 )
             )
@@ -384,13 +388,13 @@ def prewarm_sessions(spec: Any, binding_file: Path, display: str, bind: Any) -> 
             bind(values)
         except SessionError as e:
             for d in e.diagnostics:
-                named = re.search(r"session value '(\w+)'", d.message)
-                col = text.find(f'"{named[1]}"') + 1 if named else 0
+                value = re.search(r"session value '(\w+)'", d.message)
+                col = text.find(f'"{value[1]}"') + 1 if value else 0
                 problems.append(
                     Diagnostic(
                         f"cache prewarm: {d.message}",
                         Span(shown, n, max(col, 1)),
-                        d.hint,
+                        (d.hint or "give the value the session type the binding declares") + named,
                         source_line=text,
                     )
                 )

@@ -432,3 +432,66 @@ def test_cache_series_on_fabric_serve_metrics(tmp_path: Path) -> None:
         assert series("fabric_cache_misses_total", binding="one", reason="empty") == 1
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize("offline", [False, True], ids=["live", "offline"])
+@pytest.mark.parametrize(
+    ("sessions", "expected"),
+    [
+        (None, "agents/warm.yaml:9:"),
+        ("", "agents/warm.yaml:9:"),  # a directory where the file should be
+        ('{"q": [1, 0,\n', "agents/sessions.jsonl:1:"),
+        (
+            '{"symbol": "ACME", "q": "hello"}\n',
+            "agents/sessions.jsonl:1:20: cache prewarm: binding 'warm': session value 'q'",
+        ),
+    ],
+    ids=["missing_file", "unreadable", "not_json", "wrong_type"],
+)
+def test_validate_reports_a_bad_prewarm_file(
+    tmp_path: Path, capsys: Any, offline: bool, sessions: str | None, expected: str
+) -> None:
+    """``fabric validate`` (live and --offline) and ``fab.validate()`` check each binding's
+    ``cache: {prewarm: FILE}`` without running it: a missing or unreadable file at the
+    binding's ``prewarm:``, a bad line at its line and column, each with what would fix
+    it, next to the other problems (a binding with an unknown column here)."""
+    from fabric.cli import main
+
+    path = _warm_world(tmp_path, sessions or "")
+    if sessions is None:
+        (tmp_path / "agents" / "sessions.jsonl").unlink()
+    elif sessions == "":
+        (tmp_path / "agents" / "sessions.jsonl").unlink()
+        (tmp_path / "agents" / "sessions.jsonl").mkdir()
+    (tmp_path / "agents" / "other.yaml").write_text(
+        "binding: other\nsources:\n  n: {from: dataset://news}\nselect: [n.nope]\n"
+    )
+    argv = ["validate", "--config", str(path), *(["--offline"] if offline else [])]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert expected in out, out
+    after = out.split(expected, 1)[1]
+    assert "hint:" in after.split("agents/other.yaml")[0], out  # what would fix it
+    assert "agents/other.yaml:4:" in out, out  # the other binding's problem is reported too
+    if not offline:  # the Python API says the same, on an open fabric
+        (tmp_path / "agents" / "other.yaml").unlink()
+        with fabric.open(path, watch=False, ingest=False, prewarm=False) as fab:
+            found = [
+                f"{d.span.file}:{d.span.line}:{d.span.col}: {d.message}" for d in fab.validate()
+            ]
+        assert any(expected.split(": ", 1)[0] in f for f in found), found
+
+
+def test_validate_does_not_run_the_prewarm_sessions(tmp_path: Path, capsys: Any) -> None:
+    """A good prewarm file validates (OK) and is not run by ``fabric validate``."""
+    import json
+
+    from fabric.cli import main
+
+    q = unit(np.random.default_rng(40).normal(size=DIM))
+    path = _warm_world(tmp_path, json.dumps({"q": q.tolist(), "symbol": "ACME"}) + "\n")
+    assert main(["validate", "--config", str(path)]) == 0, capsys.readouterr()
+    assert "OK: 1 binding valid" in capsys.readouterr().out
+    with fabric.open(path, watch=False, ingest=False, prewarm=False) as fab:
+        assert fab.validate() == []
+        assert fab.cache_metrics("warm").get("prewarmed", 0) == 0, fab.cache_metrics("warm")
