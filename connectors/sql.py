@@ -977,7 +977,20 @@ class SqlConnection(Connection):
                         )
                     cols[name] = ColumnStats(distinct_count=distinct.get(name), min=lo, max=hi)
             if d in ("mysql", "mariadb") and rows:
-                distinct.update(_small_domains(c, src, set(distinct) | indexed, int(rows)))
+                small = _small_domains(c, src, set(), int(rows))
+                for name, n in small.items():  # the sample saw the whole (small) domain
+                    # InnoDB's index estimate of a small domain is off both ways (TPC-H
+                    # c_nationkey: 50 for 25); one far above the sample's is kept (the
+                    # sample's first rows may not show a column that follows the key)
+                    if name not in distinct or distinct[name] <= 4 * n:
+                        distinct[name] = n
+                        if name in cols:
+                            cols[name] = ColumnStats(
+                                distinct_count=n, min=cols[name].min, max=cols[name].max
+                            )
+                if size is not None and size <= MINMAX_BYTES:
+                    for name, (lo, hi) in _min_max(c, src, set(cols)).items():
+                        cols[name] = ColumnStats(distinct_count=distinct.get(name), min=lo, max=hi)
             for name, n in distinct.items():
                 cols.setdefault(name, ColumnStats(distinct_count=n))
         return Statistics(
@@ -989,6 +1002,41 @@ class SqlConnection(Connection):
 
 
 SAMPLE_ROWS = 10_000
+MINMAX_BYTES = 64 << 20  # MariaDB tables up to this size get min/max of every column
+
+
+def _min_max(c: Any, src: SqlSource, known: set[str]) -> dict[str, tuple[Any, Any]]:
+    """Min and max of the number, date and zoned-or-not timestamp columns MariaDB keeps
+    no statistics for (only indexed columns get theirs above), in one pass over a small
+    table: without them a range on ``o_orderdate`` has no width estimate (TPC-H Q10's
+    quarter: 13,356 orders estimated for 5,677)."""
+    names = [
+        f.name
+        for f in src._schema
+        if f.name not in known
+        and (_numeric(f.type) or pa.types.is_date(f.type) or pa.types.is_timestamp(f.type))
+    ]
+    if not names:
+        return {}
+    t = src.table
+    try:
+        got = c.execute(
+            sa.select(*[g(t.c[n]) for n in names for g in (sa.func.min, sa.func.max)])
+        ).one()
+    except sa_exc.SQLAlchemyError:
+        return {}
+    out: dict[str, tuple[Any, Any]] = {}
+    for i, n in enumerate(names):
+        lo, hi = got[2 * i], got[2 * i + 1]
+        if lo is None or hi is None:
+            continue
+        if pa.types.is_timestamp(src._schema.field(n).type):
+            lo, hi = (
+                x.replace(tzinfo=dt.UTC) if isinstance(x, dt.datetime) and x.tzinfo is None else x
+                for x in (lo, hi)
+            )
+        out[n] = (lo, hi)
+    return out
 
 
 def _small_domains(c: Any, src: SqlSource, known: set[str], rows: int) -> dict[str, int]:
@@ -1006,7 +1054,12 @@ def _small_domains(c: Any, src: SqlSource, known: set[str], rows: int) -> dict[s
     ]
     if not names:
         return {}
-    sample = sa.select(*[src.table.c[n] for n in names]).limit(SAMPLE_ROWS).subquery()
+    # the first rows by primary key: read through a secondary index that covers the
+    # columns, the first rows would hold only its smallest values (13 of 25 nations)
+    first = sa.select(*[src.table.c[n] for n in names])
+    if len(src.table.primary_key.columns):
+        first = first.order_by(*src.table.primary_key.columns)
+    sample = first.limit(SAMPLE_ROWS).subquery()
     try:
         got = c.execute(
             sa.select(sa.func.count(), *[sa.func.count(sa.distinct(sample.c[n])) for n in names])
