@@ -8,9 +8,12 @@ Per row: memory in total (RSS of every agent process, plus the server's in (b)),
 bytes consumed in total (the news topic once per fabric that ingests it, plus what the
 queries' Kafka scans read, from their stats), p50/p99 latency, throughput. Then the
 remote overhead per query over embedded, interleaved in one process, for a 10-row
-result (goal: < 1 ms on loopback via Flight), through Flight and through HTTP JSON: from
-MariaDB and from the in-process news dataset (no database time), with the bare Flight
-round trip as the floor.
+result (goal: < 1 ms on loopback via Flight), from MariaDB and from the in-process news
+dataset (no database time), decomposed: through Flight to ``fabric serve``, the same
+Flight code in a probe process that times each call in the server (token check,
+handler, query, stream written), a bare pyarrow.flight server answering the same table
+(the transport floor), a TCP ping-pong (the OS / VM floor), HTTP JSON; with the client's
+CPU time per path, and the bare floor after the machine sat idle 0, 1 and 10 ms.
 
     python benchmarks/service.py --overhead-only --reps 300
 
