@@ -44,13 +44,14 @@ class EfGate:
     drain, and newcomers queue behind it (no starvation)."""
 
     def __init__(self, ef: int):
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()  # taken directly: Condition.__enter__ is Python
+        self._cond = threading.Condition(self._mutex)
         self.now = ef
         self._users = 0
         self._waiting: dict[int, int] = {}
 
     def enter(self, graph: Any, ef: int) -> None:
-        with self._cond:
+        with self._mutex:
             if self._users and (self.now != ef or self._waiting):
                 self._waiting[ef] = self._waiting.get(ef, 0) + 1
                 while self._users and (self.now != ef or any(e != ef for e in self._waiting)):
@@ -64,7 +65,7 @@ class EfGate:
             self._users += 1
 
     def exit(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._users -= 1
             if not self._users:
                 self._cond.notify_all()
