@@ -374,3 +374,7 @@ def test_stage_list_is_sorted_whatever_the_row_order() -> None:
     b = pa.table({"symbol": ["NVDA", "AAPL", None, "MSFT", "AAPL"]})
     assert bind("syms", a, names) == bind("syms", b, names)
     assert bind("syms", a, names) == {"stage:syms:list": ["AAPL", "MSFT", "NVDA", None]}
+    many = pa.table({"symbol": [f"S{i % 7}" for i in range(100, 0, -1)] + [None]})  # pc.unique
+    assert bind("syms", many, names) == {"stage:syms:list": [f"S{i}" for i in range(7)] + [None]}
+    ints = pa.table({"n": pa.array([3, None, -1, 3, 2], pa.int64())})
+    assert bind("syms", ints, names) == {"stage:syms:list": [-1, 2, 3, None]}

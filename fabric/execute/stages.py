@@ -84,7 +84,11 @@ def _distinct(column: pa.ChunkedArray) -> list[Any]:
     find it again, as they do an agent's sorted session list (in arrival order, the
     two-hop binding of benchmarks/rag.py compiled its second hop's filter afresh for 0.77
     of its questions, the agent's glue for 0.47)."""
-    values = pc.unique(column).to_pylist()
+    t = column.type
+    if len(column) <= 64 and (pa.types.is_string(t) or pa.types.is_integer(t)):
+        values = list(dict.fromkeys(column.to_pylist()))  # a few rows: no compute call
+    else:
+        values = pc.unique(column).to_pylist()
     try:
         known = sorted(v for v in values if v is not None)
     except TypeError:  # values without an order (dicts of a struct): as they came
