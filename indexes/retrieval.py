@@ -203,12 +203,19 @@ class _Abort(Exception):
 
 
 def query_vector(vi: VectorIndex, query: Any) -> np.ndarray:
-    try:
-        q = np.asarray(query, dtype=np.float32).reshape(-1)
-    except (TypeError, ValueError) as e:
-        raise DatasetError(
-            f"nearest({vi.column}): the query vector must be a list or array of numbers: {e}"
-        ) from None
+    q = query
+    if not (  # a contiguous float32 vector (what the executor passes) is used as it is
+        type(q) is np.ndarray
+        and q.dtype == np.float32
+        and q.shape == (vi.dim,)
+        and q.flags.c_contiguous
+    ):
+        try:
+            q = np.ascontiguousarray(np.asarray(query, dtype=np.float32).reshape(-1))
+        except (TypeError, ValueError) as e:
+            raise DatasetError(
+                f"nearest({vi.column}): the query vector must be a list or array of numbers: {e}"
+            ) from None
     if q.shape[0] != vi.dim:
         raise DatasetError(
             f"nearest({vi.column}): the query vector has {q.shape[0]} dimensions but the column holds {vi.dim}-d vectors"
@@ -217,7 +224,7 @@ def query_vector(vi: VectorIndex, query: Any) -> np.ndarray:
         raise DatasetError(
             f"nearest({vi.column}): the query vector contains NaN or infinite values"
         )
-    return np.ascontiguousarray(q)
+    return q  # type: ignore[no-any-return]
 
 
 def topk(ids: np.ndarray, d: np.ndarray, k: int) -> Hits:

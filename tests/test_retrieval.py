@@ -261,6 +261,18 @@ def test_query_vector_validation(ds_x):
         ds.search("emb", [float("nan")] * DIM, K)
     with pytest.raises(DatasetError, match="unknown retrieval strategy"):
         ds.search("emb", [0.0] * DIM, K, strategy="magic")
+    # a contiguous float32 vector is taken as it is: still checked, and the same answer as
+    # a list, float64, a (1, d) row or a strided view of the same numbers
+    with pytest.raises(DatasetError, match="NaN"):
+        ds.search("emb", np.full(DIM, np.inf, np.float32), K)
+    with pytest.raises(DatasetError, match="3 dimensions"):
+        ds.search("emb", np.ones(3, np.float32), K)
+    q = np.random.default_rng(2).standard_normal(DIM).astype(np.float32)
+    strided = np.repeat(q, 2)[::2]
+    assert not strided.flags.c_contiguous
+    want = ds.search("emb", q, K, strategy="exact")[0]
+    for form in (q.tolist(), q.astype(np.float64), q.reshape(1, -1), strided):
+        assert ds.search("emb", form, K, strategy="exact")[0].equals(want)
 
 
 def test_calibrate_measures_and_stores_unit_costs(ds_x, tmp_path):
