@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -572,6 +574,25 @@ class _Translator:
                 # TPC-H Q14: 96-131 ms, against 414-904 ms as 6,338 IN placeholders)
                 r = a == sa.any_(sa.bindparam(None, values, type_=pg_types.ARRAY(array)))
                 return _in_result(r, e.negated, nulls)
+            if (
+                self.src.mysql
+                and len(values) > JSON_KEYS
+                and pa.types.is_integer(ta)
+                and self.src.conn.json_table()
+                and all(type(v) is int and -(1 << 63) <= v < 1 << 63 for v in values)
+            ):
+                # one JSON parameter: x IN (SELECT k FROM JSON_TABLE(...)) (TPC-H Q9's
+                # 29,020 order keys: ~0.5 s against 1.6-2.8 s as 29,020 IN placeholders)
+                name = f"__json_keys_{next(_json_ids)}"
+                keys = (
+                    sa.text(
+                        f"SELECT k FROM JSON_TABLE(:{name}, '$[*]' COLUMNS(k BIGINT PATH '$')) "
+                        f"AS {name}"
+                    )
+                    .bindparams(sa.bindparam(name, json.dumps(values)))
+                    .columns(sa.column("k", sa.BigInteger))
+                )
+                return _in_result(a.in_(keys), e.negated, nulls)
             bp: Any = sa.bindparam(None, values, expanding=True)
             r = a.in_(bp)
             if _is_text(ta) and self.src.mysql:
@@ -631,6 +652,10 @@ def _in_result(r: Any, negated: bool, nulls: bool) -> Any:
         r = sa.not_(r)
         return sa.and_(r, _UNKNOWN) if nulls else r
     return sa.or_(r, _UNKNOWN) if nulls else r
+
+
+JSON_KEYS = 1000  # longer integer key lists go to MariaDB / MySQL as one JSON parameter
+_json_ids = itertools.count()
 
 
 def _pg_array(t: pa.DataType | None) -> Any:
@@ -703,6 +728,7 @@ class SqlConnection(Connection):
         self.read_timeout = float(options.get("read_timeout", 30))
         self.db_schema = options.get("schema")
         self._engine: Engine | None = None
+        self._json_table: bool | None = None
         self._lock = threading.Lock()
         self._tables: dict[str, sa.Table] = {}
 
@@ -737,6 +763,22 @@ class SqlConnection(Connection):
                     sa.event.listen(self._engine, "connect", self._after_connect)
                     sa.event.listen(self._engine, "checkout", self._ping)
             return self._engine
+
+    def json_table(self) -> bool:
+        """Whether the server has JSON_TABLE (MariaDB 10.6, MySQL 8.0.4 and later); asked
+        once, when a long key list is first sent."""
+        if self._json_table is None:
+            try:
+                d = self.engine.dialect
+                if d.server_version_info is None:
+                    with self.engine.connect():
+                        pass  # the dialect learns the version on the first connection
+                v = tuple(d.server_version_info or ())
+                mariadb = bool(getattr(d, "is_mariadb", False))
+                self._json_table = v >= ((10, 6) if mariadb else (8, 0, 4))
+            except Exception:  # unknown: the plain IN list works everywhere
+                self._json_table = False
+        return self._json_table
 
     @property
     def _pymysql(self) -> bool:
