@@ -46,6 +46,7 @@ from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
 from connectors.base import ScanRequest, SourceError
 from dsl.ast import Binary, Column, Expr, InList, Param, Star
 from fabric import functions
+from fabric.execute import bounds as _bounds
 from fabric.execute import freshness as _fresh
 from fabric.execute import stages as _stages
 from fabric.execute.errors import QueryError
@@ -653,7 +654,9 @@ class _Run:
         params[NOW_PARAM] = self.now
         dyn_stats = []
         for i, d in enumerate(scan.dynamic):
-            dep = next(iter({c.source for c in d.from_expr.columns() if c.source}))
+            dep = d.provider
+            if dep is None:
+                raise PhysicalError(f"dynamic filter {d} names no source unit")
             w0 = time.perf_counter()
             keys_table = self._wait(dep)
             self._dep_wait[alias] = self._dep_wait.get(alias, 0.0) + time.perf_counter() - w0
@@ -667,6 +670,17 @@ class _Run:
             keys = pc.unique(
                 keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
             ).drop_null()
+            if d.op != "in":  # a join bound (fabric.optimizer.join_bounds)
+                bound = _bounds.pushed(d.op, keys, scan.source_schema.field(d.column).type)
+                dyn_stats.append({"filter": str(d), "keys": len(keys), "pushed": bool(bound)})
+                if len(keys) == 0:
+                    self._source_stats(alias, scan, 0, 0, 0, 0.0, dyn_stats, skipped=True)
+                    return scan.schema.empty_table()
+                if bound is not None:
+                    filters.append(Binary(bound[0], Column(d.column), Param(f"__dyn_{i}")))
+                    params[f"__dyn_{i}"] = bound[1]
+                    dyn_stats[-1].update(form="bound", bound=[bound[0], str(bound[1])])
+                continue
             form = "in" if len(keys) <= d.max_keys else "range" if d.range else None
             dyn_stats.append(
                 {"filter": str(d), "keys": len(keys), "pushed": form is not None, "form": form}
@@ -1303,6 +1317,7 @@ class _Run:
                     how = {
                         "in": "pushed",
                         "range": f"pushed as range [{d.get('range', ['?', '?'])[0]}, {d.get('range', ['?', '?'])[1]}]",
+                        "bound": " ".join(["pushed as", *d.get("bound", ())]),
                     }.get(d.get("form") or "", "NOT pushed (over max)")
                     parts.append(f"dynamic {d['filter']}: {d['keys']} keys {how}")
                 if src.get("skipped"):
