@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import datetime as dt
+import math
 import os
 import threading
 import time
 import weakref
 from collections.abc import Mapping
 from functools import partial
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -275,6 +277,7 @@ def _plan_cache(pp: PhysicalPlan) -> _PlanCache:
 
 
 _UNARY = (Filter, Derive, Project, Sort, Limit)
+_ONE_INPUT = (*_UNARY, Aggregate)  # nodes with an .input
 
 
 class _Run:
@@ -935,7 +938,7 @@ class _Run:
     def _apply_unary(self, node: Plan, table: pa.Table) -> pa.Table:
         """Filter / Derive / Project / Sort / Limit in pyarrow (the physical planner sends
         the nodes with an expression pyarrow has no form for to DuckDB instead)."""
-        child = node.input if isinstance(node, _UNARY) else node.children()[0]
+        child = node.input if isinstance(node, _ONE_INPUT) else node.children()[0]
         exprmap = self._exprmap(child)
         if isinstance(node, Project):
             picked = self._plain_project(node, table, exprmap)
@@ -1431,8 +1434,8 @@ def _small_aggregate(
         elif fn == "count_distinct":
             out.append(pa.array([len(set(p)) for p in present], pa.int64()))
         else:
-            if any(x != x for p in present for x in p):  # a NaN: DuckDB's order, not Python's
-                return None
+            if pa.types.is_floating(cols[a].type) and any(map(math.isnan, chain(*present))):
+                return None  # a NaN: DuckDB's order, not Python's
             # of equal values (-0.0 and 0.0) the first, as pyarrow's grouped min / max
             pick = min if fn == "min" else max
             out.append(pa.array([pick(p) if p else None for p in present], cols[a].type))
@@ -1452,11 +1455,17 @@ def _small_sort_indices(table: pa.Table, sort_keys: list[tuple[str, str, str]]) 
         if kind is None:
             return None
         v = col.to_pylist()
-        if kind == "ordered" and any(x != x for x in v):
+        nulls_in = col.null_count > 0
+        if kind == "ordered" and any(
+            map(math.isnan, (x for x in v if x is not None) if nulls_in else v)
+        ):
             return None
-        keys.append((v, direction == "descending", nulls == "at_start"))
-    for v, desc, nulls_first in reversed(keys):  # stable sorts, the last key first
-        null = (0,) if nulls_first != desc else (2,)  # (reverse=True keeps ties in order)
+        keys.append((v, direction == "descending", nulls == "at_start", nulls_in))
+    for v, desc, nulls_first, nulls_in in reversed(keys):  # stable sorts, the last key first
+        if not nulls_in:  # (reverse=True keeps ties in order)
+            order.sort(key=v.__getitem__, reverse=desc)
+            continue
+        null = (0,) if nulls_first != desc else (2,)
         order.sort(key=partial(_sort_key, v, null), reverse=desc)
     return order
 
