@@ -47,6 +47,7 @@ posting matrices).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -1100,7 +1101,7 @@ def _plan(
     if where is not None and ftext is not None:
         names = _fparams(where)
         info.feedback_key = ftext + (
-            "|" + repr(sorted((p, repr(params.get(p))) for p in names)) if names else ""
+            "|" + repr(sorted((p, _value_key(params.get(p))) for p in names)) if names else ""
         )
     info.guards = guards
     pred = _compiled(ds, where, params, ftext, info.feedback_key)
@@ -1164,6 +1165,26 @@ def _fparams(where: Expr) -> set[str]:
 
 
 _FPARAMS: dict[Expr, set[str]] = {}
+
+
+def _value_key(v: Any) -> str:
+    """A parameter value as exact text for the filter cache and the guard feedback: two
+    values get one text only if they are equal. ``repr`` is not that: numpy prints an
+    array of more than 1,000 items shortened (``[0, 1, 2, ..., 4997, 4998, 4999]``), so
+    two different ``in`` lists shared one compiled filter and the second got the first
+    one's rows."""
+    if isinstance(v, np.ndarray):
+        if v.dtype.hasobject:
+            return _value_key(v.tolist())
+        digest = hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=16).hexdigest()
+        return f"ndarray({v.dtype.str},{v.shape},{digest})"
+    if isinstance(v, np.generic):
+        return _value_key(v.item())
+    if isinstance(v, list | tuple):
+        return "[" + ",".join(_value_key(i) for i in v) + "]"
+    if isinstance(v, set | frozenset):
+        return "{" + ",".join(sorted(_value_key(i) for i in v)) + "}"
+    return f"{type(v).__name__}:{v!r}"
 
 
 def _compiled(

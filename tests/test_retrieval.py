@@ -12,6 +12,7 @@ import pytest
 from connectors.base import Pushdown, ScanRequest
 from connectors.dataset import DatasetConnection, DatasetSource
 from dsl.ast import Binary, Call, Column, InList, Literal, Param
+from dsl.parser import parse_expr
 from indexes import STRATEGIES, CostModel, Dataset, DatasetError, IndexSpec, calibrate
 
 N, DIM, CLUSTERS, K = 5000, 32, 16, 10
@@ -872,3 +873,42 @@ def test_search_rows_are_the_datasets_rows_with_the_distance():
 
 def array_of_live(ds: Dataset) -> np.ndarray:
     return np.array(sorted(ds.live), dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda ids: np.asarray(ids, dtype=np.int64), id="numpy"),
+        pytest.param(lambda ids: tuple(ids), id="tuple"),
+        pytest.param(lambda ids: [np.int64(i) for i in ids], id="numpy-scalars"),
+    ],
+)
+def test_two_parameter_lists_whose_repr_is_the_same_never_share_a_compiled_filter(make):
+    """The compiled-filter cache and the guard feedback are keyed by the filter and its
+    parameter values. numpy and pyarrow print a long array shortened (``[0, 1, 2, ...,
+    4997, 4998, 4999]``), so keying by ``repr`` gave the second list the first one's
+    compiled filter: rows outside the second list came back, with no error."""
+    n, dim = 5000, 8
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    schema = pa.schema([("id", pa.int64()), ("emb", pa.list_(pa.float32(), dim))])
+    t = pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), dim),
+        },
+        schema=schema,
+    )
+    ds = Dataset.create(
+        "reprs", schema, "id", {"emb": IndexSpec("hnsw", metric="l2"), "id": "btree"}
+    )
+    ds.upsert(t)
+    ds.flush()
+    where = parse_expr("id in {{session.ids}}")
+    head, tail = [0, 1, 2], [n - 3, n - 2, n - 1]
+    a = head + list(range(10, 2010)) + tail
+    b = head + list(range(2010, 4010)) + tail
+    for ids in (a, b, a):
+        got = ds.search("emb", x[0], 10, where, {"ids": make(ids)})[0]
+        keys = got.column("id").to_pylist()
+        assert len(keys) == 10 and set(keys) <= set(ids), sorted(keys)
