@@ -209,3 +209,18 @@ def test_ranked_retrieval_through_the_sharded_source_equals_the_local_source(sha
         )[:10]
         assert got.column("id").to_pylist() == [k for k, _ in want], (q, str(info))
         assert got.column("_bm25").to_pylist() == [s for _, s in want], q
+
+
+def test_a_delete_by_numpy_keys_reaches_the_shard_that_holds_each_row(sharded) -> None:
+    """Rows are routed by their key as the key column gives it (a Python int); a delete
+    with the keys as numpy integers (``np.arange``, a column's ``to_numpy``) was routed
+    by ``repr(np.int64(k))``, another shard for most keys: it deleted nothing there and
+    said so only in its count, leaving rows the caller believed gone."""
+    ds, _local, _x, t = sharded
+    fresh = t.slice(0, 40).set_column(
+        0, "id", pa.array(np.arange(10**6, 10**6 + 40, dtype=np.int64))
+    )
+    assert ds.upsert(fresh) == 40
+    ids = np.arange(10**6, 10**6 + 40, dtype=np.int64)
+    assert ds.delete(list(ids)) == 40
+    assert not set(ids.tolist()) & {k for ks in ds.keys_per_shard() for k in ks}

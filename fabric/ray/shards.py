@@ -547,6 +547,10 @@ class ShardedRankExplain:
 
 
 def shard_of(key: Any, shards: int) -> int:
+    """The shard holding ``key``, from the key as ``to_pylist`` gives it (a numpy scalar
+    is taken as its Python value: ``repr(np.int64(5))`` is not ``repr(5)``)."""
+    if isinstance(key, np.generic):
+        key = key.item()
     return zlib.crc32(repr(key).encode()) % shards
 
 
@@ -632,7 +636,10 @@ class ShardedDataset:
         import ray
 
         owner: list[list[Any]] = [[] for _ in range(self.n)]
-        for k in keys:
+        # routed as upsert routes: the keys as the key column's to_pylist gives them, so
+        # a numpy integer or a pandas Timestamp finds the shard its row went to
+        typed = pa.array(list(keys), type=self.schema.field(self.key).type).to_pylist()
+        for k in typed:
             owner[shard_of(k, self.n)].append(k)
         return sum(
             ray.get([a.delete.remote(ks) for a, ks in zip(self.actors, owner, strict=True) if ks])
