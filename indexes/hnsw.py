@@ -15,6 +15,7 @@ cosine is ``1 - cos(x, q)``; the exact paths compute the same numbers.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from indexes.partition import EfGate, Partitions
 from indexes.spec import DatasetError, IndexSpec
 
 GATHER_CHUNK = 2048
+log = logging.getLogger("indexes.hnsw")
 
 
 def vector_dim(column: str, t: pa.DataType) -> int:
@@ -232,8 +234,25 @@ class VectorIndex:
         self.vectors = np.load(os.path.join(directory, f"vectors.{self.column}.npy"))
         self.n, self.folded, self.in_graph = n, folded, in_graph
         self.aux = self._aux(self.vectors) if n else np.zeros(0, np.float32)
+        path = os.path.join(directory, f"hnsw.{self.column}.bin")
         g = hnswlib.Index(space=self.metric, dim=self.dim)
-        g.load_index(os.path.join(directory, f"hnsw.{self.column}.bin"), allow_replace_deleted=True)
+        try:
+            g.load_index(path, allow_replace_deleted=True)
+        except (RuntimeError, OSError) as e:
+            # The graph is derived data: the vectors beside it are the truth. A graph file
+            # that is truncated, corrupted or written by another hnswlib build is rebuilt
+            # from them; until the folder has refolded it every row is in the growing
+            # segment, searched exactly, so answers stay right (only slower meanwhile).
+            log.warning(
+                "%s: the HNSW graph of %r cannot be read (%s); rebuilding it from the %d "
+                "stored vectors (searches are exact until it is refolded)",
+                path,
+                self.column,
+                e,
+                n,
+            )
+            self.folded, self.in_graph = 0, 0
+            return
         g.set_ef(self.spec.ef)
         g.set_num_threads(1)
         self.graph = g

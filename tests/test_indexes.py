@@ -543,6 +543,44 @@ def test_save_keeps_the_growing_segment_as_rows_and_load_resumes_folding(tmp_pat
     assert ds2.wait_folded(60) and v2.pending() < 500 and v2.in_graph == v2.folded - 2
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "missing"])
+def test_an_unreadable_graph_file_is_rebuilt_from_the_stored_vectors(tmp_path, caplog, damage):
+    """The HNSW graph is derived from the vectors saved beside it. A graph file cut short
+    by a full disk, overwritten, removed, or written by another hnswlib build (a saved
+    benchmark dataset from before the wheel change failed with hnswlib's bare
+    ``RuntimeError: Index seems to be corrupted or unsupported``) no longer makes the
+    dataset unloadable: load says which file and rebuilds, every row is searched exactly
+    meanwhile, and the refolded graph holds exactly the live rows."""
+    ds = Dataset.create("d", SCHEMA, "id", INDEXES, fold_rows=10_000)
+    ds.upsert(make_table(np.arange(1500)))
+    ds.flush()
+    ds.upsert(make_table(np.arange(1500, 1800), seed=3))
+    ds.delete([1600, 10, 11])
+    ds.save(str(tmp_path / "d"))
+    graph = tmp_path / "d" / "hnsw.emb.bin"
+    if damage == "truncated":
+        graph.write_bytes(graph.read_bytes()[: graph.stat().st_size // 3])
+    elif damage == "garbage":
+        graph.write_bytes(np.random.default_rng(1).bytes(4096))
+    else:
+        graph.unlink()
+    with caplog.at_level("WARNING", logger="indexes.hnsw"):
+        ds2 = Dataset.load(str(tmp_path / "d"))
+    assert any(
+        "hnsw.emb.bin" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records
+    )
+    assert ds2.to_table().sort_by("id").equals(ds.to_table().sort_by("id"))
+    rng = np.random.default_rng(9)
+    for _ in range(5):
+        q = rng.standard_normal(DIM).astype(np.float32)
+        for s in ("postfilter", "exact", None):
+            got = ds2.search("emb", q, 5, strategy=s)[0].column("id").to_pylist()
+            assert got == exact_ids(ds2, q, 5), s
+    ds2.flush()
+    v2 = ds2.vectors["emb"]
+    assert v2.folded == v2.n and v2.in_graph == ds2.count() == 1797
+
+
 def test_deletes_racing_the_background_folder_never_leave_dead_rows_in_the_graph():
     """The folder inserts outside the dataset lock; rows deleted or replaced meanwhile
     are marked deleted before ``folded`` moves past them."""
