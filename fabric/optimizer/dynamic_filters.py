@@ -392,7 +392,11 @@ def _target(big: Plan, key: Column) -> tuple[Scan, str] | None:
     Inside a stage used as a source (``StageRef``) the key is followed through the
     stage's select to a group_by column of its aggregate and below: keeping only some
     groups' input rows leaves those groups' results unchanged (a correlated scalar
-    subquery written as a grouped stage then reads only the groups it is joined to)."""
+    subquery written as a grouped stage then reads only the groups it is joined to).
+    Into a ``latest_by`` scan only on one of its key columns: a filter on another column
+    is applied before the newest row per key is kept, so it would pick an older row
+    (``loc.level < u.cap`` pushed as ``level <= max(cap)`` kept each user's older level 1
+    for a newest level 100 that fails the join)."""
     node: Plan = big
     while True:
         if key.qualified in derived_names(node):
@@ -402,6 +406,10 @@ def _target(big: Plan, key: Column) -> tuple[Scan, str] | None:
                 e == key for _, e, _ in node.aggregate.group_by
             ):
                 return None  # aggregated at the source: only a group key filters its input
+            if node.latest_by and key.name not in node.latest_by:
+                # the source filters before it keeps the newest row per key: a filter on
+                # another column would keep an older row instead of dropping the key
+                return None
             return (node, key.name) if node.alias == key.source else None
         if isinstance(node, StageRef):
             if key.source != node.alias:
