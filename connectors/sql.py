@@ -511,8 +511,10 @@ class _Translator:
         }[op]
         self._text_ok(ta)
         if _is_text(ta) and self.pg and op not in ("=", "!="):
-            return getattr(a.collate("C") if isinstance(left, Column) else a, fn)(
-                b.collate("C") if isinstance(right, Column) else b
+            # every side that is not a constant, a column or an expression over one
+            # (substring(name, 1, 2) < 'b' compares in name's collation, en-x-icu: 'a' < 'B')
+            return getattr(a if is_constant(left) else a.collate("C"), fn)(
+                b if is_constant(right) else b.collate("C")
             )
         if not (_is_text(ta) and self.src.mysql):
             return getattr(a, fn)(b)
