@@ -228,9 +228,32 @@ def query_vector(vi: VectorIndex, query: Any) -> np.ndarray:
     return q  # type: ignore[no-any-return]
 
 
+# below this many distances (or fewer than TOPK_SAMPLE_RATIO x k) topk partitions them all
+TOPK_SAMPLE_MIN = 4096
+TOPK_SAMPLE_RATIO = 16
+
+
 def topk(ids: np.ndarray, d: np.ndarray, k: int) -> Hits:
-    if len(d) > k:
-        part = np.argpartition(d, k - 1)[:k]
+    """The k smallest distances, ascending (equal distances by row id); exact.
+
+    On many distances a full ``argpartition`` is the scan's dearest step (0.5-1.5 ms on
+    the 50k distances of a growing segment right after a bulk upsert, against ~1 ms for
+    the distances themselves): the k-th smallest of a strided sample of about
+    ``sqrt(n k)`` distances bounds the k-th smallest of all from above (the sample's k
+    smallest are among all), so the rows at or below it hold the exact top-k (ties
+    included) and only those, about ``sqrt(n k)`` for data in no adversarial order, are
+    partitioned. A bound passing fewer than k rows (NaN) falls back to the full pass."""
+    n = len(d)
+    if n > k:
+        part = None
+        if n >= TOPK_SAMPLE_MIN and n >= TOPK_SAMPLE_RATIO * k:
+            sample = d[:: max(2, int((n / k) ** 0.5))]
+            bound = np.partition(sample, k - 1)[k - 1]
+            sel = np.flatnonzero(d <= bound)
+            if len(sel) >= k:
+                part = sel[np.argpartition(d[sel], k - 1)[:k]] if len(sel) > k else sel
+        if part is None:
+            part = np.argpartition(d, k - 1)[:k]
         ids, d = ids[part], d[part]
     order = np.lexsort((ids, d))
     return ids[order], d[order]
