@@ -371,6 +371,10 @@ def to_arrow(
                 if kt is None:
                     target = _decimal_to_float(target)
                 nonnull = [float(v) if isinstance(v, decimal.Decimal) else v for v in nonnull]
+                if any(isinstance(v, float) and v == 0 for v in nonnull):
+                    # pc.is_in tells -0.0 from 0.0; SQL and DuckDB's joins do not (a
+                    # dynamic filter's keys -0.0 dropped the rows of 0.0 the join kept)
+                    nonnull = [*nonnull, 0.0, -0.0]
             elif kt == "decimal" and all(
                 isinstance(v, int | float | decimal.Decimal) and not isinstance(v, bool)
                 for v in nonnull
