@@ -375,6 +375,14 @@ def to_arrow(
                     # pc.is_in tells -0.0 from 0.0; SQL and DuckDB's joins do not (a
                     # dynamic filter's keys -0.0 dropped the rows of 0.0 the join kept)
                     nonnull = [*nonnull, 0.0, -0.0]
+            elif kt == "int" and any(isinstance(v, decimal.Decimal) for v in nonnull):
+                # an integer equals only an integral decimal (1 = 1.0; 1.5 matches none):
+                # pc.is_in of integers in a decimal value set raised ArrowInvalid
+                nonnull = [
+                    int(v) if isinstance(v, decimal.Decimal) else v
+                    for v in nonnull
+                    if not isinstance(v, decimal.Decimal) or v == v.to_integral_value()
+                ]
             elif kt == "decimal" and all(
                 isinstance(v, int | float | decimal.Decimal) and not isinstance(v, bool)
                 for v in nonnull
@@ -388,7 +396,8 @@ def to_arrow(
                 return ~r if x.negated else r
             r = pc.is_in(target, value_set=pa.array(nonnull)) if nonnull else pc.scalar(False)
             # SQL: a null operand, or no match in a list holding a null, is unknown (null)
-            unknown = pc.is_null(target) if len(nonnull) == len(values) else pc.is_null(target) | ~r
+            listed_null = any(v is None for v in values)
+            unknown = pc.is_null(target) | ~r if listed_null else pc.is_null(target)
             r = pc.if_else(unknown, pa.scalar(None, pa.bool_()), r)
             return ~r if x.negated else r
         if isinstance(x, Between):
