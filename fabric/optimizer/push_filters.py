@@ -131,6 +131,11 @@ def _inlined(derive: Derive, c: Expr, catalog: Any) -> Expr | None:
 def _into_scan(scan: Scan, c: Expr, catalog: Any) -> Plan:
     if scan.aggregate is not None:  # a filter over the groups (HAVING) stays above them
         return _wrap(scan, [c])
+    if scan.latest_by and not {col.name for col in c.columns()} <= set(scan.latest_by):
+        # a latest_by source is the table of each key's newest record, and a filter on
+        # another column is a filter of that table: the source would apply it before
+        # keeping the newest record, and answer with an older record that passes it
+        return _wrap(scan, [c])
     uq = unqualify(c)
     if uq in scan.exact:
         return scan
