@@ -46,6 +46,7 @@ SERVER_ALIASES = {
     "kafka": "kafka",
     "tansu": "tansu",
     "mariadb": "mariadb",
+    "mysql": "mariadb",
     "postgres": "postgres",
     "mongo": "mongo",
     "s3": "s3",
