@@ -101,3 +101,11 @@ def equi_sides(join: Join) -> Iterator[tuple[Expr, Expr, Plan, Plan]]:
             yield small_expr, key, join.left, join.right
             if join.how == "inner":
                 yield small_expr, key, join.right, join.left
+
+
+def filters_before_latest(scan: Any, names: set[str]) -> bool:
+    """Whether a filter over columns ``names`` may go into ``scan``: a ``latest_by`` source
+    filters before it keeps each key's newest record, so only a filter on its key columns
+    gives what filtering the table of newest records gives (push_filters, and the dynamic
+    filters of dynamic_filters / join_bounds / stage_keys; tests/test_latest_by_joins.py)."""
+    return not scan.latest_by or names <= set(scan.latest_by)

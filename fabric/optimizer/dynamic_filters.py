@@ -45,7 +45,14 @@ from typing import Any
 from connectors.base import Pushdown
 from dsl.ast import Binary, Column, Exists, Expr, InList, Param, conjuncts, sources_of
 from dsl.types import is_stage_param
-from fabric.optimizer._util import aliases, ask_filter, derived_names, equi_sides, replace_node
+from fabric.optimizer._util import (
+    aliases,
+    ask_filter,
+    derived_names,
+    equi_sides,
+    filters_before_latest,
+    replace_node,
+)
 from fabric.optimizer.cardinality import Estimator
 from fabric.plan.nodes import (
     Aggregate,
@@ -406,7 +413,7 @@ def _target(big: Plan, key: Column) -> tuple[Scan, str] | None:
                 e == key for _, e, _ in node.aggregate.group_by
             ):
                 return None  # aggregated at the source: only a group key filters its input
-            if node.latest_by and key.name not in node.latest_by:
+            if not filters_before_latest(node, {key.name}):
                 # the source filters before it keeps the newest row per key: a filter on
                 # another column would keep an older row instead of dropping the key
                 return None

@@ -29,7 +29,7 @@ from typing import Any
 from connectors.base import Pushdown
 from dsl.ast import Column, Expr, Literal, and_all, conjuncts, sources_of, unqualify
 from dsl.ast import replace as replace_expr
-from fabric.optimizer._util import aliases, ask_filter, derived_names
+from fabric.optimizer._util import aliases, ask_filter, derived_names, filters_before_latest
 from fabric.plan.nodes import Derive, Filter, Join, Plan, Scan, Sort
 
 
@@ -131,7 +131,7 @@ def _inlined(derive: Derive, c: Expr, catalog: Any) -> Expr | None:
 def _into_scan(scan: Scan, c: Expr, catalog: Any) -> Plan:
     if scan.aggregate is not None:  # a filter over the groups (HAVING) stays above them
         return _wrap(scan, [c])
-    if scan.latest_by and not {col.name for col in c.columns()} <= set(scan.latest_by):
+    if not filters_before_latest(scan, {col.name for col in c.columns()}):
         # a latest_by source is the table of each key's newest record, and a filter on
         # another column is a filter of that table: the source would apply it before
         # keeping the newest record, and answer with an older record that passes it
