@@ -73,6 +73,8 @@ def arrow_type(t: sa.types.TypeEngine) -> pa.DataType:
         isinstance(t, sa_mysql.TINYINT) and getattr(t, "display_width", None) == 1
     ):
         return pa.bool_()
+    if isinstance(t, sa_mysql.BIGINT) and getattr(t, "unsigned", False):
+        return pa.uint64()  # up to 2^64 - 1: int64 overflowed past 2^63 (OverflowError)
     if isinstance(t, sa.Integer):
         return pa.int64()
     if isinstance(t, sa.Numeric) and not isinstance(t, sa.Float):
