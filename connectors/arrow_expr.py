@@ -142,7 +142,7 @@ def _constant_condition(e: Expr, params: Mapping[str, Any], now: dt.datetime | N
             v, pattern = const(e.expr), const(e.pattern)
             if v is None or pattern is None:
                 return None
-            r = pc.match_like(arr(str(v)), str(pattern), ignore_case=e.case_insensitive)[0].as_py()
+            r = match_like(arr(str(v)), str(pattern), e.case_insensitive)[0].as_py()
             return not r if e.negated else r
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
         raise NotTranslatable(f"cannot evaluate {e} as a constant: {err}") from None
@@ -371,7 +371,7 @@ def to_arrow(
                 if kt is None:
                     target = _decimal_to_float(target)
                 nonnull = [float(v) if isinstance(v, decimal.Decimal) else v for v in nonnull]
-                if any(isinstance(v, float) and v == 0 for v in nonnull):
+                if any(isinstance(v, int | float) and v == 0 for v in nonnull):  # 0 or 0.0
                     # pc.is_in tells -0.0 from 0.0; SQL and DuckDB's joins do not (a
                     # dynamic filter's keys -0.0 dropped the rows of 0.0 the join kept)
                     nonnull = [*nonnull, 0.0, -0.0]
@@ -408,13 +408,73 @@ def to_arrow(
             if not is_constant(x.pattern):
                 raise NotTranslatable(f"'like' with a non-constant pattern: {x}")
             pattern = str(eval_constant(x.pattern, params, now))
-            r = pc.match_like(go(x.expr), pattern, ignore_case=x.case_insensitive)
+            r = match_like(go(x.expr), pattern, x.case_insensitive)
             return ~r if x.negated else r
         if isinstance(x, Call):
             return _call(x, go, params, now)
         raise NotTranslatable(f"cannot apply {x} with pyarrow")
 
     return go(e)
+
+
+ANY, ONE = "%", "_"  # LIKE wildcard tokens; literal text is a (text,) tuple
+
+
+def like_tokens(pattern: str) -> list[str | tuple[str]]:
+    """SQL LIKE pattern (``%``, ``_``, backslash escapes) -> tokens: ``ANY``, ``ONE`` or a
+    literal ``(text,)``; a run of ``%`` is one ``ANY``.
+
+    >>> like_tokens("a%%b_c")
+    [('a',), '%', ('b',), '_', ('c',)]
+    """
+    out: list[str | tuple[str]] = []
+    lit: list[str] = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            lit.append(pattern[i + 1])
+            i += 2
+            continue
+        if ch in (ANY, ONE):
+            if lit:
+                out.append(("".join(lit),))
+                lit = []
+            if not (ch == ANY and out and out[-1] == ANY):
+                out.append(ch)
+        else:
+            lit.append(ch)
+        i += 1
+    if lit:
+        out.append(("".join(lit),))
+    return out
+
+
+def _re2_literal(text: str) -> str:
+    return "".join(c if c.isalnum() else f"\\x{{{ord(c):x}}}" for c in text)
+
+
+def match_like(values: Any, pattern: str, ignore_case: bool = False) -> Any:
+    """``values LIKE pattern`` (an array or expression): pyarrow's own ``match_like``
+    rewrites ``'%\\\\'`` (ends with a backslash) to an ends-with test of two backslashes
+    (pyarrow 26: 'a\\' did not match, 'a\\\\' did), so the pattern is tokenized here
+    and becomes a plain string test or an anchored RE2 regex (linear time)."""
+    toks = like_tokens(pattern)
+    lit = [t[0] for t in toks if isinstance(t, tuple)]
+    if not ignore_case and ONE not in toks and len(lit) == 1:
+        (text,) = lit
+        shape = tuple(t if t == ANY else "x" for t in toks)
+        if shape == ("x",):
+            return pc.equal(values, pa.scalar(text))
+        if shape == ("x", ANY):
+            return pc.starts_with(values, pattern=text)
+        if shape == (ANY, "x"):
+            return pc.ends_with(values, pattern=text)
+        if shape == (ANY, "x", ANY):
+            return pc.match_substring(values, pattern=text)
+    body = "".join(".*" if t == ANY else "." if t == ONE else _re2_literal(t[0]) for t in toks)
+    rx = "(?s" + ("i" if ignore_case else "") + ")^" + body + "$"
+    return pc.match_substring_regex(values, pattern=rx)
 
 
 def _decimal_to_float(e: Any) -> Any:
