@@ -145,14 +145,15 @@ def rows_to_batch(
                 continue
             try:
                 row.append(convert(v, t, js))
+                continue
             except _Bad as exc:
-                bad = f"field '{name}': {exc}"
+                why = f"field '{name}': {exc}"
             except (ValueError, OverflowError, TypeError, OSError) as exc:  # out of range ...
-                bad = f"field '{name}': {type(exc).__name__}: {exc} (value {v!r:.40})"
-            if bad is not None:
-                if on_error == "skip":
-                    break
-                row.append(None)
+                why = f"field '{name}': {type(exc).__name__}: {exc} (value {v!r:.40})"
+            bad = bad or why  # the first bad field names the row's error
+            if on_error == "skip":
+                break
+            row.append(None)  # this cell only: the row keeps one value per column
         if bad is not None:
             errors.append((first_row + i, bad))
             if on_error == "skip":

@@ -33,7 +33,15 @@ from connectors._util import (
     schema_from_spec,
     typed_params,
 )
-from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant, utcnow
+from connectors.arrow_expr import (
+    ANY,
+    ONE,
+    NotTranslatable,
+    eval_constant,
+    is_constant,
+    like_tokens,
+    utcnow,
+)
 from connectors.base import (
     Capability,
     Connection,
@@ -61,33 +69,6 @@ _NEG = {"=": "!=", "!=": "=", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 #: with one, a regex engine's backtracking is linear in the string; with k it is O(n^k)
 #: (a 26-character ``%a%b%c...`` pattern took 5-13 s of server CPU)
 MAX_LIKE_WILDCARDS = 1
-ANY, ONE = "%", "_"  # wildcard tokens; literal text is a (text,) tuple
-
-
-def like_tokens(pattern: str) -> list[str | tuple[str]]:
-    """SQL LIKE pattern (``%``, ``_``, backslash escapes) -> tokens: ``ANY``, ``ONE`` or a
-    literal ``(text,)``; a run of ``%`` is one ``ANY``."""
-    out: list[str | tuple[str]] = []
-    lit: list[str] = []
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < len(pattern):
-            lit.append(pattern[i + 1])
-            i += 2
-            continue
-        if ch in (ANY, ONE):
-            if lit:
-                out.append(("".join(lit),))
-                lit = []
-            if not (ch == ANY and out and out[-1] == ANY):
-                out.append(ch)
-        else:
-            lit.append(ch)
-        i += 1
-    if lit:
-        out.append(("".join(lit),))
-    return out
 
 
 def like_regex(pattern: str) -> str | None:
@@ -242,10 +223,24 @@ class _Translator:
             conj = (e.op == "and") != neg
             return merge_and([a, b]) if conj else {"$or": [a, b]}
         if isinstance(e, Binary) and e.op in _NEG:
-            return self.cmp(_NEG[e.op] if neg else e.op, e.left, e.right)
+            r = self.cmp(_NEG[e.op] if neg else e.op, e.left, e.right)
+            if neg and e.op != "!=" and r is not NEVER:
+                # not (f > 1) holds for NaN in the fabric (IEEE: NaN > 1 is false); the
+                # server's f <= 1 does not take NaN: add it back (re-checked on the rows)
+                cols = [x for x in (e.left, e.right) if isinstance(x, Column)]
+                if any(pa.types.is_floating(self.src._fields[c.name].type) for c in cols):
+                    r = {"$or": [r, *({c.name: float("nan")} for c in cols)]}
+            return r
         if isinstance(e, IsNull):
             name = self.field(e.expr)
-            return {name: {"$ne": None}} if e.negated != neg else {name: {"$eq": None}}
+            if e.negated != neg:
+                return {name: {"$ne": None}}
+            # the fabric reads a value of another type (5.5 in an int column, an array) as
+            # null: match every document whose value is not surely read as a value
+            surely = self.src.read_types(name)
+            if surely is None:
+                raise NotTranslatable(f"which values of {name} are read as null is not known")
+            return {"$or": [{name: {"$not": {"$type": surely}}}, {name: {"$type": "array"}}]}
         if isinstance(e, Between):
             lo, hi = Binary(">=", e.expr, e.low), Binary("<=", e.expr, e.high)
             return self.go(Binary("and", lo, hi), neg != e.negated)
@@ -330,6 +325,23 @@ class MongoSource(Source):
     def schema(self) -> pa.Schema:
         return self._schema
 
+    def read_types(self, name: str) -> list[str] | None:
+        """BSON types the fabric always reads as a value (never null) in column ``name``
+        (None: not known). Other values (5.5 or an array in an int column) are read as
+        null, so a pushed filter is re-checked on the rows (``scan``)."""
+        t = self._fields[name].type
+        if name in self.oid_columns:
+            return ["objectId", "string"]
+        if pa.types.is_integer(t):
+            return ["int", "long"]
+        if pa.types.is_floating(t):
+            return ["double", "int", "long"]
+        if pa.types.is_string(t):
+            return ["string"]
+        if pa.types.is_boolean(t):
+            return ["bool"]
+        return None
+
     def supports_filter(self, expr: Expr) -> Pushdown:
         try:
             _Translator(self, {}, utcnow(), probe=True).go(expr)
@@ -379,11 +391,25 @@ class MongoSource(Source):
         unknown = [c for c in cols if c not in self._fields]
         if unknown:
             raise UnknownColumnError(self.uri, unknown, self._schema.names)
-        selected = list(dict.fromkeys([*cols, *sorted(c.name for f in local for c in f.columns())]))
-        batches = self._scan(request, query, selected, None if local else request.limit)
-        if local:
-            batches = apply_locally(batches, local, params, request.limit, cols)
-        yield from batches
+        # every filter is also applied to the rows as read: the server compares what it
+        # holds, and a value the fabric reads as null (5.5 in an int column, an array, a
+        # Decimal128 in an int column) passed x > 4 there; pushed, a filter only narrows
+        # the read (a translation is never narrower than the fabric's own evaluation)
+        check = list(request.filters)
+        selected = list(dict.fromkeys([*cols, *sorted(c.name for f in check for c in f.columns())]))
+        if not check:
+            yield from self._scan(request, query, selected, request.limit)
+            return
+        limit = request.limit
+        if limit is not None and not local:  # the server's first `limit` rows, if all pass
+            first = list(self._scan(request, query, selected, limit))
+            kept = list(apply_locally(iter(first), check, params, limit, cols))
+            if sum(b.num_rows for b in kept) == min(limit, sum(b.num_rows for b in first)):
+                yield from kept
+                return
+        yield from apply_locally(
+            self._scan(request, query, selected, None), check, params, limit, cols
+        )
 
     def _scan(
         self, request: ScanRequest, query: dict[str, Any], cols: list[str], limit: int | None
