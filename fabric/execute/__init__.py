@@ -46,9 +46,10 @@ import pyarrow.compute as pc
 from connectors._util import BadValueError
 from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
 from connectors.base import ScanRequest, SourceError
-from dsl.ast import Binary, Column, Expr, InList, Param, Star
+from dsl.ast import Binary, Column, Expr, InList, Literal, Param, Star
 from fabric import functions
 from fabric.execute import bounds as _bounds
+from fabric.execute import branch_keys as _branch_keys
 from fabric.execute import freshness as _fresh
 from fabric.execute import stages as _stages
 from fabric.execute.errors import QueryError
@@ -663,6 +664,18 @@ class _Run:
             w0 = time.perf_counter()
             keys_table = self._wait(dep)
             self._dep_wait[alias] = self._dep_wait.get(alias, 0.0) + time.perf_counter() - w0
+            if d.op == "or":  # keyed per branch of an OR (fabric.optimizer.branch_keys)
+                resolver = partial(_resolve_in, keys_table.column_names)
+                expr, st = _branch_keys.pushed(
+                    d, f"__dyn_{i}", keys_table, self.params, self.now, resolver, params
+                )
+                dyn_stats.append(st)
+                if expr == Literal(False, "bool"):  # no branch has a key: nothing joins
+                    self._source_stats(alias, scan, 0, 0, 0, 0.0, dyn_stats, skipped=True)
+                    return scan.schema.empty_table()
+                if expr is not None:
+                    filters.append(expr)
+                continue
             keys = functions.evaluate(
                 d.from_expr,
                 keys_table,

@@ -17,6 +17,7 @@ from typing import Any
 
 from connectors.base import Source, Statistics
 from dsl.errors import FabricError
+from fabric.optimizer.branch_keys import branch_keys
 from fabric.optimizer.dynamic_filters import dynamic_filters
 from fabric.optimizer.factor_or import factor_or
 from fabric.optimizer.join_bounds import join_bounds
@@ -35,6 +36,7 @@ RULES: tuple[Rule, ...] = (
     push_filters,
     join_order,
     dynamic_filters,
+    branch_keys,
     join_bounds,
     stage_keys,
     push_aggregate,

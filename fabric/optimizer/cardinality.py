@@ -159,6 +159,8 @@ class Estimator:
                     rows = min(rows, float(cs.distinct_count))
         if dynamic:
             for d in scan.dynamic:
+                if d.op == "or":  # per branch (branch_keys): fewer rows than its plain keys
+                    continue
                 if d.op != "in":  # a bound (join_bounds): a range of unknown width
                     rows *= RANGE_SELECTIVITY
                     continue

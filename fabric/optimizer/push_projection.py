@@ -39,7 +39,7 @@ def push_projection(plan: Plan, catalog: Any) -> Plan:
     extra: set[str] = set()
     for s in plan.scans():
         for d in s.dynamic:
-            extra |= _cols(d.from_expr)
+            extra |= _cols(d.from_expr, *(w for w, _ in d.branches if w is not None))
     return _prune(plan, set(plan.schema.names) | extra, extra)
 
 

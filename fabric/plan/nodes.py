@@ -154,7 +154,12 @@ class DynamicFilter:
     (``fabric.optimizer.join_bounds``): ``column op max(from_expr)`` (``min`` for ``>``,
     ``>=``), pushed rounded outwards to the column's type. ``unit`` names the source unit
     whose output ``from_expr`` is computed over when ``from_expr`` does not name it (an
-    aggregate's output columns are unqualified); ``provider`` is that alias."""
+    aggregate's output columns are unqualified); ``provider`` is that alias.
+
+    With ``op`` ``or`` it is keyed per branch (``fabric.optimizer.branch_keys``): for each
+    ``(when, rest)`` of ``branches``, the keys of the provider's rows where ``when`` is true
+    (every row when None), pushed as ``(column in those keys and rest) or ...``; ``rest``
+    is over this scan's own columns (None: the keys alone)."""
 
     column: str
     from_expr: Expr
@@ -162,6 +167,7 @@ class DynamicFilter:
     range: bool = False
     op: str = "in"
     unit: str | None = None
+    branches: tuple[tuple[Expr | None, Expr | None], ...] = ()
 
     @property
     def provider(self) -> str | None:
@@ -172,6 +178,14 @@ class DynamicFilter:
         return next(iter(found)) if len(found) == 1 else None
 
     def __str__(self) -> str:
+        if self.op == "or":
+            parts = []
+            for when, rest in self.branches:
+                keys = f"{self.column} in keys({self.from_expr}"
+                keys += f" where {when})" if when is not None else ")"
+                parts.append(f"({keys} and {rest})" if rest is not None else f"({keys})")
+            more = " else range" if self.range else ""
+            return f"{' or '.join(parts)} max={self.max_keys}{more}"
         if self.op != "in":
             agg = "max" if self.op in ("<", "<=") else "min"
             return f"{self.column} {self.op} {agg}({self.from_expr}) of {self.provider}"
