@@ -74,9 +74,12 @@ def pushed(
         else:
             held = None
             forms.append("values only")
-        if held is None and rest is None:  # this branch lets every row through
-            return None, _stats(d, counts, forms, pushed=False)
-        parts.append(rest if held is None else held if rest is None else Binary("and", held, rest))
+        if held is None:
+            if rest is None:  # this branch lets every row through
+                return None, _stats(d, counts, forms, pushed=False)
+            parts.append(rest)
+        else:
+            parts.append(held if rest is None else Binary("and", held, rest))
     if not parts:
         return Literal(False, "bool"), _stats(d, counts, forms, pushed=True)
     expr = parts[0]

@@ -157,7 +157,7 @@ def _pushable(x: Expr, scan: Scan, derived: set[str], catalog: Any) -> bool:
     return ask_filter(catalog, scan.uri, unqualify(x)) in PUSHED
 
 
-def _with_keys(keys: Expr, column: str, rest: Expr | None) -> Expr:
+def _with_keys(keys: Param, column: str, rest: Expr | None) -> Expr:
     """``column in keys and rest`` (the pushed form of one branch)."""
     held = InList(Column(column), keys)
     return held if rest is None else Binary("and", held, rest)
