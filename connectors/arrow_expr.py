@@ -81,7 +81,9 @@ def eval_constant(e: Expr, params: Mapping[str, Any], now: dt.datetime | None = 
         v = eval_constant(e.operand, params, now)
         if v is None:
             return None
-        return (not v) if e.op == "not" else -v
+        if e.op == "not":
+            return not v
+        return v.copy_negate() if isinstance(v, decimal.Decimal) else -v  # exact, no rounding
     if isinstance(e, Binary) and e.op in _ARITH:
         a, b = eval_constant(e.left, params, now), eval_constant(e.right, params, now)
         return arith(e.op, a, b)
@@ -173,6 +175,9 @@ def _constant_call(e: Call, params: Mapping[str, Any], now: dt.datetime | None) 
         raise NotTranslatable(f"cannot evaluate {e} as a constant: {err}") from None
 
 
+_EXACT = decimal.Context(prec=200, Emax=999999, Emin=-999999)  # + - * of DECIMALs: exact
+
+
 def arith(op: str, a: Any, b: Any) -> Any:
     """``a op b`` on constants with SQL's number semantics: decimals stay exact (with
     integers), a float makes the result a float, ``/`` divides as floats, null is null."""
@@ -182,6 +187,12 @@ def arith(op: str, a: Any, b: Any) -> Any:
         isinstance(a, float) or isinstance(b, float) or op == "/"
     ):
         a, b = _num_float(a), _num_float(b)
+    if isinstance(a, decimal.Decimal) or isinstance(b, decimal.Decimal):
+        # exact, as SQL's DECIMAL: the default context rounds to 28 digits, fewer than a
+        # DECIMAL(38, x) holds (9999999999999999999999999999.9 + 0 gave 1.000...E+28)
+        fn = {"+": _EXACT.add, "-": _EXACT.subtract, "*": _EXACT.multiply}.get(op)
+        if fn is not None:
+            return fn(a, b)
     if op == "+":
         return a + b
     if op == "-":

@@ -367,7 +367,10 @@ class _ToAst(Transformer):
     def neg(self, meta, c):
         x = c[1]
         if isinstance(x, A.Literal) and x.type in ("int", "float", "decimal"):
-            return A.Literal(-x.value, x.type, span=_sp(meta))
+            # copy_negate: exact (-x rounds a decimal to the context's 28 digits:
+            # -9999999999999999999999999999.999999999 became -1.000...E+28)
+            v = x.value.copy_negate() if x.type == "decimal" else -x.value
+            return A.Literal(v, x.type, span=_sp(meta))
         return A.Unary("-", x, span=_sp(meta))
 
     def pos(self, meta, c):

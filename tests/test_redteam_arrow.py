@@ -82,3 +82,28 @@ def test_an_integer_zero_in_a_float_in_list_matches_minus_zero() -> None:
         assert sorted(map(repr, got)) == sorted(repr(r[0]) for r in want), where
     got = filter_table(t, parse_expr("f not in (0, 1.5)"), {})["f"].to_pylist()
     assert got == [2.0]
+
+
+def test_decimal_constants_keep_every_digit() -> None:
+    """A DECIMAL(38, 10) holds 38 digits; Python's default decimal context rounds to 28:
+    the literal -9999999999999999999999999999.999999999 was parsed as -1.000...E+28 (the
+    negation rounded) and ``d < -9999999999999999999999999999.999999999`` answered
+    garbage with no error."""
+    import decimal
+
+    from connectors.arrow_expr import eval_constant, filter_table
+    from dsl.parser import parse_expr
+
+    D = decimal.Decimal
+    big = "9999999999999999999999999999.999999999"
+    assert eval_constant(parse_expr(f"-{big}"), {}, None) == D(f"-{big}")
+    assert eval_constant(parse_expr(f"-({big})"), {}, None) == D(f"-{big}")
+    assert eval_constant(parse_expr(f"{big} + 1"), {}, None) == D("10000000000000000000000000000.999999999")
+    assert eval_constant(parse_expr(f"{big} * 10"), {}, None) == D("99999999999999999999999999999.99999999")
+    t = pa.table(
+        {"d": pa.array([D(f"-{big}9"), D(f"-{big}"), D("0"), D(big)], pa.decimal128(38, 10))}
+    )
+    for where in (f"d < -{big}", f"d >= -{big}", f"d = {big}", f"d > -{big} + 0"):
+        got = filter_table(t, parse_expr(where), {})["d"].to_pylist()
+        want = duckdb.sql(f"SELECT d FROM t WHERE {where}").fetchall()
+        assert got == [r[0] for r in want], where
