@@ -98,8 +98,12 @@ def test_decimal_constants_keep_every_digit() -> None:
     big = "9999999999999999999999999999.999999999"
     assert eval_constant(parse_expr(f"-{big}"), {}, None) == D(f"-{big}")
     assert eval_constant(parse_expr(f"-({big})"), {}, None) == D(f"-{big}")
-    assert eval_constant(parse_expr(f"{big} + 1"), {}, None) == D("10000000000000000000000000000.999999999")
-    assert eval_constant(parse_expr(f"{big} * 10"), {}, None) == D("99999999999999999999999999999.99999999")
+    assert eval_constant(parse_expr(f"{big} + 1"), {}, None) == D(
+        "10000000000000000000000000000.999999999"
+    )
+    assert eval_constant(parse_expr(f"{big} * 10"), {}, None) == D(
+        "99999999999999999999999999999.99999999"
+    )
     t = pa.table(
         {"d": pa.array([D(f"-{big}9"), D(f"-{big}"), D("0"), D(big)], pa.decimal128(38, 10))}
     )
