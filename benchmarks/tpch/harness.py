@@ -274,6 +274,22 @@ def main_block(sql: str) -> str:
     raise ValueError("no FROM in the query")
 
 
+def fetched_rows(sources: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """Rows fetched per source alias from a result's ``stats["sources"]``, and apart from
+    them the rows of each alias's key-only pre-scans (``o#keys``, ``o#keys2``: one key
+    column of the same table, fabric/optimizer/semijoin_reduce.py), summed per alias."""
+    full: dict[str, int] = {}
+    keys: dict[str, int] = {}
+    for a, st in sources.items():
+        n = int(st.get("rows", 0))
+        base, sep, _ = a.partition("#keys")
+        if sep:
+            keys[base] = keys.get(base, 0) + n
+        else:
+            full[a] = n
+    return full, keys
+
+
 def needed_rows(con, q: Query, params: Mapping[str, Any], aliases: list[str]) -> dict[str, int]:
     """Per source alias of the main block: how many rows of that table the answer needs (the
     distinct rows of it in the main block's join, after every filter). `con` is

@@ -26,6 +26,7 @@ from fabric.optimizer.push_aggregate import push_aggregate
 from fabric.optimizer.push_filters import push_filters
 from fabric.optimizer.push_limit import push_limit
 from fabric.optimizer.push_projection import push_projection
+from fabric.optimizer.semijoin_reduce import semijoin_reduce
 from fabric.optimizer.stage_keys import stage_keys
 from fabric.plan.nodes import Plan
 
@@ -39,6 +40,7 @@ RULES: tuple[Rule, ...] = (
     branch_keys,
     join_bounds,
     stage_keys,
+    semijoin_reduce,
     push_aggregate,
     push_projection,
     push_limit,

@@ -67,6 +67,14 @@ def units(plan: Plan) -> dict[str, Plan]:
     top = visit(plan)
     if top is not None:
         out[unit_scan(top).alias] = top
+    # the key-only pre-scans of dynamic filters (semijoin_reduce) are units too
+    todo = plan.scans()
+    while todo:
+        for d in todo.pop().dynamic:
+            pre = getattr(d, "prescan", None)
+            if isinstance(pre, Scan) and pre.alias not in out:
+                out[pre.alias] = pre
+                todo.append(pre)
     return out
 
 

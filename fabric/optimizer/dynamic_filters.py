@@ -54,6 +54,7 @@ from fabric.optimizer._util import (
     replace_node,
 )
 from fabric.optimizer.cardinality import Estimator
+from fabric.optimizer.semijoin_reduce import all_scans, reaches, unit_deps
 from fabric.plan.nodes import (
     Aggregate,
     Derive,
@@ -253,7 +254,7 @@ def _stage_free(root: WithStages, alias: str, stage: str) -> bool:
     takes keys from that unit (the physical planner leaves those filters out of it)."""
     order = [s.name for s in root.stages]
     before = set(order[: order.index(stage)])
-    scans = {s.alias: s for s in root.scans()}
+    scans = {s.alias: s for s in all_scans(root)}
     chains: dict[str, list[Plan]] = {}
     for node in root.walk():
         chain: list[Plan] = []
@@ -306,7 +307,7 @@ def _stage_refs(e: Expr) -> set[str]:
 
 def _waits(root: WithStages, stage: str) -> set[str]:
     """The aliases whose units the scans of ``stage`` take dynamic keys from (transitively)."""
-    deps = {s.alias: {d.provider for d in s.dynamic if d.provider} for s in root.scans()}
+    deps = unit_deps(root)
     seen: set[str] = set()
     todo = [d for st in root.stages if st.name == stage for s in st.scans() for d in deps[s.alias]]
     while todo:
@@ -452,16 +453,4 @@ def _target(big: Plan, key: Column) -> tuple[Scan, str] | None:
 
 def _depends_on(root: Plan, alias: str, target: str) -> bool:
     """Whether the scan of ``alias`` waits (transitively) on ``target``'s keys."""
-    deps: dict[str, set[str]] = {}
-    for s in root.scans():
-        deps[s.alias] = {d.provider for d in s.dynamic if d.provider}
-    seen, todo = set(), [alias]
-    while todo:
-        a = todo.pop()
-        if a == target:
-            return True
-        if a in seen:
-            continue
-        seen.add(a)
-        todo.extend(deps.get(a, ()))
-    return False
+    return reaches(unit_deps(root), alias, target)

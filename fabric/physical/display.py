@@ -13,6 +13,10 @@ Every line names the engine of its part; the logical nodes keep their headers, s
                 Scan: loc <- kafka://bus/t projection=[lat, lon] ...
             Source unit m [scan pool, after loc: dynamic filter keys]:
               Scan: m <- mysql://shop/merchants ...
+
+A key-only pre-scan (``semijoin_reduce``) is shown below the first unit waiting for its
+keys, as ``Key-only pre-scan o#keys [scan pool; after c: dynamic filter keys]:`` and its
+Scan (projection: the key column alone).
 """
 
 from __future__ import annotations
@@ -67,19 +71,7 @@ def _line(indent: int, text: str, node: Plan | None, annotate: Annotate | None) 
 
 def _node(p: Physical, indent: int, lines: list[str], annotate: Annotate | None) -> None:
     if isinstance(p, SourceUnit):
-        where = "scan pool" if p.placement == "pool" else "inline"
-        facts = [where]
-        if p.deps:
-            facts.append(f"after {', '.join(sorted(p.deps))}: dynamic filter keys")
-        if p.requires:
-            facts.append(f"after stage {', '.join(sorted(p.requires))}")
-        lines.append("  " * indent + f"Source unit {p.alias} [{'; '.join(facts)}]:")
-        depth = indent + 1
-        for step, engine in zip(p.chain, p.engines):
-            label = "DuckDB" if engine == "duckdb" else engine
-            lines.append(_line(depth, f"{label} {step.header()}", step, annotate))
-            depth += 1
-        lines.append(_line(depth, p.leaf.header(), p.leaf, annotate))
+        _unit(p, indent, lines, annotate, "Source unit")
         return
     if isinstance(p, DuckDBRegion):
         n = len(p.inputs)
@@ -122,3 +114,23 @@ def _node(p: Physical, indent: int, lines: list[str], annotate: Annotate | None)
     lines.append(_line(indent, text, p.logical, annotate))
     for c in p.children():
         _node(c, indent + 1, lines, annotate)
+
+
+def _unit(
+    p: SourceUnit, indent: int, lines: list[str], annotate: Annotate | None, kind: str
+) -> None:
+    where = "scan pool" if p.placement == "pool" else "inline"
+    facts = [where]
+    if p.deps:
+        facts.append(f"after {', '.join(sorted(p.deps))}: dynamic filter keys")
+    if p.requires:
+        facts.append(f"after stage {', '.join(sorted(p.requires))}")
+    lines.append("  " * indent + f"{kind} {p.alias} [{'; '.join(facts)}]:")
+    depth = indent + 1
+    for step, engine in zip(p.chain, p.engines):
+        label = "DuckDB" if engine == "duckdb" else engine
+        lines.append(_line(depth, f"{label} {step.header()}", step, annotate))
+        depth += 1
+    lines.append(_line(depth, p.leaf.header(), p.leaf, annotate))
+    for pre in p.prescans:  # key-only pre-scans (semijoin_reduce), run before this unit
+        _unit(pre, depth + 1, lines, annotate, "Key-only pre-scan")

@@ -7,6 +7,7 @@ top of that part) in one engine:
   above it, computed together on one thread: on the shared scan pool, or ``inline`` on
   the caller's thread (a lone unit over an in-process source). ``deps`` are the units
   whose keys its dynamic filters wait for, ``requires`` the stages its filters use;
+  ``prescans`` the key-only pre-scans (units of their own) it is the first to wait for;
 - ``PyArrowStep``: one unary node (Filter, Derive, Project, Sort, Limit, a stage read as
   a source) in pyarrow compute;
 - ``DuckDBStep``: one unary node over one Arrow table in DuckDB, because an expression
@@ -95,6 +96,9 @@ class SourceUnit(Physical):
     placement: str = "pool"
     #: the Scan's pushed aggregate over the source's own column names (its ScanRequest's)
     aggregate: Aggregation | None = None
+    #: key-only pre-scans this unit's dynamic filters take keys from, planned here
+    #: (``fabric.optimizer.semijoin_reduce``): units of their own, shown below this one
+    prescans: tuple[SourceUnit, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.leaf, Scan | VectorSearch):
@@ -115,6 +119,12 @@ class SourceUnit(Physical):
             raise PhysicalError(f"unit {self.alias}: placement {self.placement!r}")
         if self.alias in self.deps:
             raise PhysicalError(f"unit {self.alias} waits on itself")
+        for p in self.prescans:
+            if p.alias not in self.deps or p.chain:
+                raise PhysicalError(f"unit {self.alias}: pre-scan {p.alias} is not a key scan")
+
+    def children(self) -> tuple[Physical, ...]:
+        return self.prescans
 
 
 @dataclass(frozen=True, eq=False)

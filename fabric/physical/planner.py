@@ -7,8 +7,9 @@
   in-process source (one whose capabilities hold ``Capability.IN_PROCESS``: ``dataset://``,
   ``memory://``; planned offline, a kind ``connectors.registry.inline_kinds()`` names),
   which runs on the caller's thread. A unit whose dynamic filters take keys from other
-  units depends on them; units are ordered key producers first;
-  a Filter / Derive using a stage whose scans take keys from a unit (a correlated
+  units depends on them; units are ordered key producers first; a key-only pre-scan
+  (``semijoin_reduce``) is a unit of its own, planned under the first unit waiting for
+  it; a Filter / Derive using a stage whose scans take keys from a unit (a correlated
   ``exists``) is left out of that unit's chain, so the unit never waits on that stage;
 - a Join or Aggregate, with the Filter / Project / Sort / Limit nodes above it, is one
   ``DuckDBRegion`` (one SQL query over its inputs' Arrow tables); the rest of a plan
@@ -33,6 +34,7 @@ from dsl.ast import replace as replace_expr
 from dsl.types import is_stage_param
 from fabric import functions
 from fabric.optimizer.push_aggregate import unqualified
+from fabric.optimizer.semijoin_reduce import unit_deps
 from fabric.physical.nodes import (
     CkksScore,
     DuckDBRegion,
@@ -222,7 +224,7 @@ def _stage_waits(logical: Plan) -> dict[str, set[str]]:
     (transitively): a unit among them must not wait on that stage."""
     if not isinstance(logical, WithStages):
         return {}
-    deps = {s.alias: {d.provider for d in s.dynamic if d.provider} for s in logical.scans()}
+    deps = unit_deps(logical)
     out: dict[str, set[str]] = {}
     for st in logical.stages:
         seen: set[str] = set()
@@ -244,10 +246,7 @@ class _Planner:
     def node(self, n: Plan) -> Physical:
         unit = self.unit(n)
         if unit is not None:
-            if unit.alias in self.units:
-                raise PlanningError(f"two sources are named {unit.alias}")
-            self.units[unit.alias] = unit
-            return unit
+            return self.register(unit)
         if needs_sql(n):
             return self.region(n)
         if isinstance(n, Filter | Derive | Project | Sort | Limit):
@@ -268,6 +267,23 @@ class _Planner:
             stages = tuple(self.node(s) for s in n.stages)
             return StagesFirst(n, stages, self.node(n.input))
         raise PlanningError(f"cannot execute plan node {type(n).__name__}")
+
+    def register(self, unit: SourceUnit) -> SourceUnit:
+        """Record ``unit`` and its key-only pre-scans (each planned once: a pre-scan
+        already planned under another unit is shown there only)."""
+        if unit.alias in self.units:
+            raise PlanningError(f"two sources are named {unit.alias}")
+        kept = []
+        for p in unit.prescans:
+            known = self.units.get(p.alias)
+            if known is None:
+                kept.append(self.register(p))
+            elif known.leaf != p.leaf:
+                raise PlanningError(f"two key-only pre-scans are named {p.alias}")
+        if len(kept) != len(unit.prescans):
+            unit = dataclasses.replace(unit, prescans=tuple(kept))
+        self.units[unit.alias] = unit
+        return unit
 
     def unit(self, n: Plan) -> SourceUnit | None:
         chain: list[Plan] = []
@@ -295,8 +311,11 @@ class _Planner:
                 "residual": residual,
             }
             exprs: list[Expr] = [*leaf.exact, *leaf.inexact]
+            pre = [getattr(d, "prescan", None) for d in leaf.dynamic]
+            prescans = tuple(self.unit(p) for p in pre if isinstance(p, Scan))
         else:
             deps = frozenset()
+            prescans = ()
             filters = tuple(bind_now(unqualify(f)) for f in leaf.filters)
             text = {"filters": tuple(str(f) for f in leaf.filters), "residual": residual}
             exprs = [*leaf.filters, *leaf.inputs]
@@ -318,6 +337,7 @@ class _Planner:
                 if isinstance(leaf, Scan) and leaf.aggregate is not None
                 else None
             ),
+            prescans=tuple(p for p in prescans if p is not None),
         )
 
     def region(self, top: Plan) -> DuckDBRegion:
