@@ -195,9 +195,26 @@ class SqlSource(Source):
             else set()
         )
 
+        # a DECIMAL wider than Arrow's 38 digits (DECIMAL(65, 30), NUMERIC without a
+        # precision) is read as a double: select and compare it as that double, so a pushed
+        # w = 0.3 keeps every row that reads 0.3 (compared exactly, 0.30000000000000001
+        # was dropped and w > 0.3 kept a row reading 0.3)
+        self._wide = {
+            c.name
+            for c in table.columns
+            if isinstance(c.type, sa.Numeric)
+            and not isinstance(c.type, sa.Float)
+            and pa.types.is_floating(self._schema.field(c.name).type)
+        }
+
     def col(self, name: str) -> Any:
-        """The column as selected and compared (CHAR(n) of PostgreSQL as unpadded text)."""
+        """The column as selected and compared (CHAR(n) of PostgreSQL as unpadded text, a
+        DECIMAL wider than 38 digits as the double it is read as)."""
         c = self.table.c[name]
+        if name in self._wide:
+            if self.mysql:  # SQLAlchemy skips CAST(.. AS DOUBLE) on MySQL: + 0e0 is a double
+                return sa.type_coerce(c + sa.literal_column("0e0"), sa.Float())
+            return sa.cast(c, sa.Double())
         return sa.cast(c, sa.Text()) if name in self._char else c
 
     def schema(self) -> pa.Schema:
@@ -322,7 +339,10 @@ class SqlSource(Source):
         selected = [*cols, *extra]
         stmt = (
             sa.select(
-                *[self.col(c).label(c) if c in self._char else self.table.c[c] for c in selected]
+                *[
+                    self.col(c).label(c) if c in self._char or c in self._wide else self.table.c[c]
+                    for c in selected
+                ]
             )
             if selected
             else sa.select(sa.literal(1))
@@ -518,12 +538,25 @@ class _Translator:
             return getattr(a if is_constant(left) else a.collate("C"), fn)(
                 b if is_constant(right) else b.collate("C")
             )
+        if self.pg and (_maybe_nan(left, ta, self) or _maybe_nan(right, tb, self)):
+            return self._ieee(op, fn, (a, left, ta), (b, right, tb))
         if not (_is_text(ta) and self.src.mysql):
             return getattr(a, fn)(b)
         exact = getattr(self._binary(a, ta), fn)(self._binary(b, tb))
         if op == "=":  # the collation-aware test can use an index; the binary one makes it exact
             return sa.and_(a == b, exact)
         return exact
+
+    def _ieee(self, op: str, fn: str, *sides: tuple[Any, Expr, Any]) -> Any:
+        """A comparison of PostgreSQL floats as the fabric makes it (IEEE, pyarrow): NaN
+        is unordered, so NaN > 1 and NaN = NaN are false and NaN != x is true, where
+        PostgreSQL orders NaN above every number and equal to itself."""
+        (a, _, _), (b, _, _) = sides
+        nan = [x for x, e, t in sides if _maybe_nan(e, t, self)]
+        const_nan = sa.literal(float("nan"), sa.Float())
+        if op == "!=":
+            return sa.or_(getattr(a, fn)(b), sa.and_(*(x == const_nan for x in nan)))
+        return sa.and_(getattr(a, fn)(b), *(x != const_nan for x in nan))
 
     def go(self, e: Expr) -> Any:
         if is_constant(e):
@@ -644,6 +677,16 @@ class _Translator:
         else:
             r = a.like(p)
         return sa.not_(r) if e.negated else r
+
+
+def _maybe_nan(e: Expr, t: pa.DataType | None, tr: _Translator) -> bool:
+    """Whether ``e`` (of Arrow type ``t``) may be NaN: a float that is not a known number."""
+    if t is None or not pa.types.is_floating(t):
+        return False
+    if is_constant(e) and not (tr.probe and e.params()):
+        v = eval_constant(e, tr.params, tr.now)
+        return isinstance(v, float) and v != v
+    return True
 
 
 #: SQL's unknown: a condition that is neither true nor false (and neither is its negation)

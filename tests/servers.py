@@ -19,7 +19,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -150,6 +150,45 @@ def kafka_metadata(bootstrap: str, timeout: float = 10.0):
 def run_id() -> str:
     """A short id unique to this test run; valid in database, topic and bucket names."""
     return f"{time.strftime('%m%d%H%M%S')}{uuid.uuid4().hex[:6]}"
+
+
+# --------------------------------------------------------------------------- SQL tables
+
+
+def sql_url(request: object, kind: str) -> str:
+    """The per-run database URL of the server of ``kind`` (``mysql`` or ``postgres``),
+    through its fixture, so the test is marked for that server."""
+    name = "pg_url" if kind == "postgres" else "mariadb_url"
+    return request.getfixturevalue(name)  # type: ignore[attr-defined, no-any-return]
+
+
+@contextlib.contextmanager
+def sql_source(
+    url: str, kind: str, table: str, ddl: str, rows: list[dict[str, object]] | tuple = ()
+) -> Iterator[object]:
+    """A table made on a SQL test server (``ddl``, then ``rows`` inserted: dicts whose keys
+    are in column order) as a fabric ``SqlSource``; the table is dropped afterwards."""
+    import sqlalchemy as sa
+
+    from connectors.sql import SqlConnection
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as c:
+            c.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+            c.exec_driver_sql(ddl)
+            if rows:
+                names = ", ".join(f":{k}" for k in rows[0])
+                c.execute(sa.text(f"INSERT INTO {table} VALUES ({names})"), list(rows))
+        conn = SqlConnection("db", {"kind": kind, "url": url})
+        try:
+            yield conn.source(table)
+        finally:
+            conn.close()
+    finally:
+        with engine.begin() as c:
+            c.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+        engine.dispose()
 
 
 # --------------------------------------------------------------------------- topics
