@@ -245,15 +245,24 @@ def topk(ids: np.ndarray, d: np.ndarray, k: int) -> Hits:
     partitioned. A bound passing fewer than k rows (NaN) falls back to the full pass."""
     n = len(d)
     if n > k:
-        part = None
+        part = pool = None
         if n >= TOPK_SAMPLE_MIN and n >= TOPK_SAMPLE_RATIO * k:
             sample = d[:: max(2, int((n / k) ** 0.5))]
             bound = np.partition(sample, k - 1)[k - 1]
             sel = np.flatnonzero(d <= bound)
             if len(sel) >= k:
                 part = sel[np.argpartition(d[sel], k - 1)[:k]] if len(sel) > k else sel
+                pool = sel  # every row at or below the k-th distance, ties included
         if part is None:
             part = np.argpartition(d, k - 1)[:k]
+        # rows tied at the k-th distance compete by row id: argpartition keeps any of them
+        kth = d[part].max()
+        if kth == kth:  # (NaN: fewer than k finite distances, no tie to settle)
+            tied = np.flatnonzero(d == kth) if pool is None else pool[d[pool] == kth]
+            if len(tied) > np.count_nonzero(d[part] == kth):
+                below = part[d[part] < kth]
+                tied = tied[np.argsort(ids[tied], kind="stable")[: k - len(below)]]
+                part = np.concatenate([below, tied])
         ids, d = ids[part], d[part]
     order = np.lexsort((ids, d))
     return ids[order], d[order]
@@ -416,6 +425,12 @@ class SearchContext:
     strategies: Mapping[str, Strategy]  # the table as it was when the search started
     _costs: dict[str, Alternative | None] = field(default_factory=dict, repr=False)
     _fired: list[tuple[str, bool]] = field(default_factory=list, repr=False)
+    # ``[None, ...]`` while ``search`` runs a strategy under the graph lock: the growing
+    # segment's scans are recorded after the None (the segment's bounds as the walk saw
+    # them) and run once the lock is released
+    _later: list[tuple[BitMap | None, Pred | None, int, int] | None] = field(
+        default_factory=list, repr=False
+    )
 
     # ------------------------------------------------------------- planning figures
     @property
@@ -519,10 +534,18 @@ class SearchContext:
         """Exact search over the growing segment (rows not yet folded into the graph; at
         most ``max_growing`` of them, by backpressure): unfiltered, one contiguous pass
         masked by liveness; filtered, the segment's candidates, sliced or gathered."""
-        ds, vi = self.ds, self.vi
+        vi = self.vi
         lo, hi = vi.folded, vi.n
         if lo >= hi:
             return np.empty(0, np.int64), np.empty(0, np.float32)
+        if self._later:  # under the graph lock: scanned once it is released (``search``)
+            self._later.append((cand, pred, lo, hi))
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        return self.growing_rows(cand, pred, lo, hi)
+
+    def growing_rows(self, cand: BitMap | None, pred: Pred | None, lo: int, hi: int) -> Hits:
+        """``growing`` over row ids ``lo..hi-1`` (the segment as the graph walk saw it)."""
+        ds, vi = self.ds, self.vi
         if cand is None and pred is None:
             d = vi.distances(self.q, slice(lo, hi))
             live = np.flatnonzero(ds.alive[lo:hi])
@@ -1093,8 +1116,16 @@ def search(
     s = table[info.chosen]
     info.executed = s.name
     if graph_lock is not None and s.reads_graph:
+        ctx._later.append(None)
         with graph_lock.read():  # counts read while planning may have moved: costs only
             ids, d = s.run(ctx)
+        # the growing segment as the walk saw it, scanned without the graph lock so the
+        # folder's next chunk need not wait for it: a row folded meanwhile was not in the
+        # walked graph and is in the scanned range (never both, never neither)
+        later = ctx._later[1:]
+        ctx._later.clear()
+        for cand, pred, lo, hi in later:  # type: ignore[misc]
+            ids, d = _merge((ids, d), ctx.growing_rows(cand, pred, lo, hi), k)
     else:
         ids, d = s.run(ctx)
     info.actual_rows = len(ids)

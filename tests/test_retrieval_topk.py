@@ -92,3 +92,21 @@ def test_searches_over_a_large_growing_segment_are_exact():
                     assert t.column("id").to_pylist() == want.tolist(), (where, strategy)
     finally:
         ds.close()
+
+
+@pytest.mark.parametrize("n", [40, TOPK_SAMPLE_MIN * 4])
+def test_ties_at_the_k_th_distance_go_to_the_lowest_row_ids(n):
+    """Equal distances are ordered by row id *across the boundary* too: of rows tied at
+    the k-th distance the lowest ids are kept, whatever the partition's order (it used
+    to keep whichever tied rows ``argpartition`` left in front, so two exact paths over
+    the same candidates -- a gather, a slice, the 8-bit first pass -- could answer
+    different rows)."""
+    rng = np.random.default_rng(1)
+    for k in (1, 3, 10):
+        for _ in range(20):
+            d = rng.integers(0, 4, n).astype(np.float32)  # ties everywhere
+            ids = np.sort(rng.choice(10 * n, n, replace=False)).astype(np.int64)
+            got_ids, got_d = topk(ids, d, k)
+            want = np.lexsort((ids, d))[:k]
+            assert got_ids.tolist() == ids[want].tolist()
+            np.testing.assert_array_equal(got_d, d[want])
