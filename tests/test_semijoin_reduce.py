@@ -220,10 +220,11 @@ def test_key_only_prescan_keeps_duckdbs_answer(
             got[with_rule] = res
             assert _rows(res.table) == want, (with_rule, res.table.num_rows, len(want))
         text = plan_text = _run(cat, how, True)[0].explain()
-        if how == "inner" and (server == "mysql" or variant not in ("nulls", "duplicates")):
+        if how == "inner" and server == "mysql":
             # the lines take the customers' orders' keys from the key-only pre-scan (on
-            # PostgreSQL, whose ANALYZE counts the fewer distinct keys of the NULL and
-            # duplicate variants, the pre-scan is estimated not to pay and is not made) ...
+            # PostgreSQL the estimates sit near the rule's threshold, e.g. int keys: 1,080
+            # lines saved where 2,001 keys read need 1,000, and whether it fires turned on
+            # ANALYZE's figures from run to run, so there only the answers are checked) ...
             line = next(x for x in text.splitlines() if "Scan: l <-" in x)
             assert "ok in keys(o#keys.ok)" in line, plan_text
             if variant in ("plain", "duplicates"):
