@@ -13,7 +13,7 @@ import datetime as dt
 import decimal
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -118,6 +118,10 @@ def _constant_condition(e: Expr, params: Mapping[str, Any], now: dt.datetime | N
             return None
         if isinstance(x, float) or isinstance(y, float):  # a decimal meets a float in floats
             x, y = _num_float(x), _num_float(y)
+        if _is_nan_value(x) or _is_nan_value(y):  # DuckDB's order: NaN = NaN, above all
+            rank = {"=": (0,), "!=": (-1, 1), "<": (-1,), "<=": (-1, 0), ">": (1,), ">=": (1, 0)}
+            nx, ny = _is_nan_value(x), _is_nan_value(y)
+            return (nx - ny if nx != ny else 0) in rank[op]
         return getattr(pc, _CMP[op])(arr(x), arr(y))[0].as_py()
 
     try:
@@ -310,6 +314,8 @@ def to_arrow(
             return "float" if k == "int" else k
         if isinstance(x, Call) and x.name in ("length", "date_part", "extract"):
             return "int"
+        if isinstance(x, Call) and schema is not None:  # the function's own type rule
+            return _kind_of_type(_call_type(x, schema))
         return None
 
     def const_as(x: Expr, want: str) -> Any:
@@ -343,9 +349,82 @@ def to_arrow(
                     return (ea, eo) if c is a else (eo, ea)
         return go(a), go(b)
 
+    def constant(x: Expr) -> Any:
+        """The value of a constant side (``_NOT_CONSTANT`` for an expression of columns)."""
+        if not is_constant(x):
+            return _NOT_CONSTANT
+        try:
+            return eval_constant(x, params, now)
+        except (NotTranslatable, KeyError, TypeError):
+            return _NOT_CONSTANT
+
+    def compare(op: str, a: Expr, b: Expr) -> Any:
+        """``a op b`` as DuckDB (and PostgreSQL) compare floats: NaN equals NaN and is
+        greater than every other number (pyarrow's IEEE comparisons make NaN unordered:
+        ``f > 1`` dropped NaN rows that the same filter above a join, run by DuckDB, kept)."""
+        ea, eb = pair(a, b)
+        plain = getattr(pc, _CMP[op])(ea, eb)
+        ka, kb = kind(a), kind(b)
+        va, vb = constant(a), constant(b)
+        if va is None or vb is None:
+            return plain  # a comparison with null is null
+        numeric = ("int", "float", "decimal")
+        nan_a, nan_b = _is_nan_value(va), _is_nan_value(vb)
+        maybe_float = (
+            "float" in (ka, kb)
+            or nan_a
+            or nan_b
+            # a side of unknown type (no schema) next to a number may be a float
+            or (ka is None and va is _NOT_CONSTANT and kb in numeric)
+            or (kb is None and vb is _NOT_CONSTANT and ka in numeric)
+        )
+        if not maybe_float:
+            return plain
+        if va is not _NOT_CONSTANT and vb is _NOT_CONSTANT:  # the constant on the right
+            op, ea, eb, ka, kb, va, vb, nan_a, nan_b = (
+                _FLIP[op],
+                eb,
+                ea,
+                kb,
+                ka,
+                vb,
+                va,
+                nan_b,
+                nan_a,
+            )
+            plain = getattr(pc, _CMP[op])(ea, eb)
+        na = _nan_test(ea, ka)
+        if vb is not _NOT_CONSTANT:
+            if not nan_b:  # NaN is never below a number, and above every one
+                return plain | na if op in (">", ">=") else plain
+            # x op NaN: true or false by x's NaN-ness; null for a null x
+            return {
+                "=": na,
+                ">=": na,
+                "!=": ~na,
+                "<": ~na,
+                "<=": na | ~na,
+                ">": na & ~na,
+            }[op]
+        nb = _nan_test(eb, kb)
+        # either side NaN (null when either is null, as the comparison): DuckDB's answer
+        either = _strict("or", na, nb)
+        outcome = {
+            "=": _strict("and", na, nb),
+            "!=": _strict("xor", na, nb),
+            "<": _strict("and", ~na, nb),
+            "<=": nb,
+            ">": _strict("and", na, ~nb),
+            ">=": na,
+        }[op]
+        return pc.if_else(either, outcome, plain)
+
     def go(x: Expr) -> Any:
         if is_constant(x):
-            return pc.scalar(scalar(eval_constant(x, params, now)))
+            v = eval_constant(x, params, now)
+            if v is None and _is_condition(x):  # unknown: a null of type bool, so that
+                return pc.scalar(pa.scalar(None, pa.bool_()))  # a filter of it keeps no row
+            return pc.scalar(scalar(v))
         if isinstance(x, Column):
             return col(x)
         if isinstance(x, Binary):
@@ -354,7 +433,7 @@ def to_arrow(
             if x.op == "or":
                 return go(x.left) | go(x.right)
             if x.op in _CMP:
-                return getattr(pc, _CMP[x.op])(*pair(x.left, x.right))
+                return compare(x.op, x.left, x.right)
             if x.op == "/":  # as DuckDB: a float division (7 / 2 is 3.5; 1 / 0 is inf)
                 return pc.divide(go(x.left).cast(pa.float64()), go(x.right).cast(pa.float64()))
             if x.op in _ARITH:
@@ -382,6 +461,11 @@ def to_arrow(
                 if kt is None:
                     target = _decimal_to_float(target)
                 nonnull = [float(v) if isinstance(v, decimal.Decimal) else v for v in nonnull]
+                if any(isinstance(v, float) and math.isnan(v) for v in nonnull):
+                    # pc.is_in tells NaNs apart by their bits (inf - inf is a negative
+                    # NaN): one NaN on both sides, as DuckDB's joins and 'in' match them
+                    target = pc.if_else(pc.is_nan(target), pa.scalar(math.nan), target)
+                    nonnull = [math.nan if v != v else v for v in nonnull]
                 if any(isinstance(v, int | float) and v == 0 for v in nonnull):  # 0 or 0.0
                     # pc.is_in tells -0.0 from 0.0; SQL and DuckDB's joins do not (a
                     # dynamic filter's keys -0.0 dropped the rows of 0.0 the join kept)
@@ -412,8 +496,7 @@ def to_arrow(
             r = pc.if_else(unknown, pa.scalar(None, pa.bool_()), r)
             return ~r if x.negated else r
         if isinstance(x, Between):
-            lo, hi = pair(x.expr, x.low), pair(x.expr, x.high)
-            r = (lo[0] >= lo[1]) & (hi[0] <= hi[1])
+            r = compare(">=", x.expr, x.low) & compare("<=", x.expr, x.high)
             return ~r if x.negated else r
         if isinstance(x, Like):
             if not is_constant(x.pattern):
@@ -469,10 +552,17 @@ def match_like(values: Any, pattern: str, ignore_case: bool = False) -> Any:
     """``values LIKE pattern`` (an array or expression): pyarrow's own ``match_like``
     rewrites ``'%\\\\'`` (ends with a backslash) to an ends-with test of two backslashes
     (pyarrow 26: 'a\\' did not match, 'a\\\\' did), so the pattern is tokenized here
-    and becomes a plain string test or an anchored RE2 regex (linear time)."""
+    and becomes a plain string test or an anchored RE2 regex (linear time).
+
+    ``ilike`` is DuckDB's: both sides lowered character by character (``lower``), then
+    ``like``. RE2's case-insensitive match folds by Unicode case orbits instead: 'ſ'
+    matched 's' and 'İ' did not match 'i', where DuckDB answers the other way."""
+    if ignore_case:
+        values = pc.utf8_lower(values)
+        pattern = pc.utf8_lower(pa.scalar(pattern, pa.string())).as_py()
     toks = like_tokens(pattern)
     lit = [t[0] for t in toks if isinstance(t, tuple)]
-    if not ignore_case and ONE not in toks and len(lit) == 1:
+    if ONE not in toks and len(lit) == 1:
         (text,) = lit
         shape = tuple(t if t == ANY else "x" for t in toks)
         if shape == ("x",):
@@ -484,8 +574,87 @@ def match_like(values: Any, pattern: str, ignore_case: bool = False) -> Any:
         if shape == (ANY, "x", ANY):
             return pc.match_substring(values, pattern=text)
     body = "".join(".*" if t == ANY else "." if t == ONE else _re2_literal(t[0]) for t in toks)
-    rx = "(?s" + ("i" if ignore_case else "") + ")^" + body + "$"
+    rx = "(?s)^" + body + "$"
     return pc.match_substring_regex(values, pattern=rx)
+
+
+def canonical_floats(values: Any) -> Any:
+    """Float values (an array or an expression) as keys compare in SQL: every NaN one NaN
+    (pyarrow's hashing, so ``group_by``, ``unique`` and ``is_in``, tells NaNs apart by
+    their bits: ``inf - inf`` gives the negative NaN 0xfff8..., ``float('nan')`` the
+    positive one) and -0.0 as 0.0 (x + 0.0); DuckDB groups, joins and matches them as one."""
+    return pc.if_else(pc.is_nan(values), pa.scalar(math.nan), pc.add(values, 0.0))
+
+
+def sort_indices(table: pa.Table, sort_keys: Sequence[tuple[str, ...]]) -> pa.Array:
+    """``pc.sort_indices(table, sort_keys=...)`` (keys ``(name, order[, null_placement])``)
+    in DuckDB's order: NaN above every number, so first when descending. pyarrow places
+    NaN with the nulls' placement, last in both directions (``order_by: f desc, limit: 3``
+    answered [inf, 2.0, 1.5] for DuckDB's [NaN, NaN, inf])."""
+    keys: list[tuple[str, str, str]] = []
+    for k in sort_keys:
+        name, order = k[0], k[1]
+        placement = k[2] if len(k) > 2 else "at_end"
+        col = table.column(name)
+        if pa.types.is_floating(col.type) and pc.any(pc.is_nan(col)).as_py():
+            aux = f"__nan{len(keys)}"
+            while aux in table.column_names:
+                aux += "_"
+            table = table.append_column(aux, pc.is_nan(col))  # NaN: true, above false
+            keys.append((aux, order, placement))
+        keys.append((name, order, placement))
+    return pc.sort_indices(table, sort_keys=keys)
+
+
+_NOT_CONSTANT = object()
+_FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _is_nan_value(v: Any) -> bool:
+    return (isinstance(v, float) and math.isnan(v)) or (
+        isinstance(v, decimal.Decimal) and v.is_nan()
+    )
+
+
+def _is_condition(e: Expr) -> bool:
+    return isinstance(e, IsNull | InList | Between | Like) or (
+        (isinstance(e, Binary) and (e.op in _CMP or e.op in ("and", "or")))
+        or (isinstance(e, Unary) and e.op == "not")
+    )
+
+
+def _strict(fn: str, a: Any, b: Any) -> Any:
+    """``a fn b`` ('and', 'or', 'xor') null when either is null (not Kleene's logic).
+    ``pc.and_`` / ``pc.or_`` over expressions name the functions 'and_' / 'or_', which
+    pyarrow does not have."""
+    return pc.Expression._call(fn, [a, b])
+
+
+def _nan_test(e: Any, k: str | None) -> Any:
+    """Whether ``e`` is NaN, null where ``e`` is null: ``is_nan`` for a float, ``e != e``
+    for a side of unknown type (true exactly for NaN), false (or null) for other numbers."""
+    return pc.is_nan(e) if k == "float" else pc.not_equal(e, e)
+
+
+def _call_type(x: Call, schema: pa.Schema) -> pa.DataType | None:
+    """The type of a function call over ``schema``'s columns by the registry's type rules
+    (None: not known here, e.g. it takes a session value)."""
+    from fabric.plan import types as T
+
+    try:
+        return T.infer(x, T.Env({f.name: f.type for f in schema}, {}))
+    except Exception:  # an unknown column, a session value, a rule that refuses: not known
+        return None
+
+
+def _kind_of_type(t: pa.DataType | None) -> str | None:
+    if t is None:
+        return None
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    return "int" if pa.types.is_integer(t) else None
 
 
 def _decimal_to_float(e: Any) -> Any:

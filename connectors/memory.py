@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.arrow_expr import filter_table, translatable
+from connectors.arrow_expr import filter_table, sort_indices, translatable
 from connectors.base import (
     Capability,
     ColumnStats,
@@ -74,8 +74,9 @@ class MemorySource(Source):
                 name = getattr(k.expr, "name", None)
                 if name is None:
                     raise ValueError(f"memory source can only order by columns, got {k}")
-                keys.append((name, "descending" if k.descending else "ascending"))
-            t = t.sort_by(keys)
+                order = "descending" if k.descending else "ascending"
+                keys.append((name, order, "at_start" if k.nulls_first else "at_end"))
+            t = t.take(sort_indices(t, keys))  # nulls where asked, NaN as DuckDB orders it
         if request.limit is not None:
             t = t.slice(0, request.limit)
         if request.columns is not None:

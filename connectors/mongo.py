@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import math
 import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from connectors._util import (
     apply_locally,
@@ -40,6 +40,7 @@ from connectors.arrow_expr import (
     eval_constant,
     is_constant,
     like_tokens,
+    sort_indices,
     utcnow,
 )
 from connectors.base import (
@@ -202,11 +203,18 @@ class _Translator:
         name, v = self.field(left), self.oid(left, self.const(right))
         if v is None:
             return NEVER  # a comparison with null is never true
+        if isinstance(v, float) and math.isnan(v):
+            raise NotTranslatable(f"a comparison with NaN ({name} {op} NaN) orders as DuckDB's")
         if op == "!=":
             return {name: {"$nin": [v, None]}}
         if op == "=" and _plain_scalar(v):
             return {name: v}  # implicit equality: same meaning, and what index planners match
-        return {name: {_OPS[op]: v}}
+        r: dict[str, Any] = {name: {_OPS[op]: v}}
+        if op in (">", ">=") and pa.types.is_floating(self.src._fields[name].type):
+            # the fabric orders NaN above every number (DuckDB's order); the server, below
+            # every one: add NaN (the rows are re-checked)
+            r = {"$or": [r, {name: float("nan")}]}
+        return r
 
     def go(self, e: Expr, neg: bool = False) -> dict[str, Any]:
         if is_constant(e):
@@ -223,14 +231,8 @@ class _Translator:
             conj = (e.op == "and") != neg
             return merge_and([a, b]) if conj else {"$or": [a, b]}
         if isinstance(e, Binary) and e.op in _NEG:
-            r = self.cmp(_NEG[e.op] if neg else e.op, e.left, e.right)
-            if neg and e.op != "!=" and r is not NEVER:
-                # not (f > 1) holds for NaN in the fabric (IEEE: NaN > 1 is false); the
-                # server's f <= 1 does not take NaN: add it back (re-checked on the rows)
-                cols = [x for x in (e.left, e.right) if isinstance(x, Column)]
-                if any(pa.types.is_floating(self.src._fields[c.name].type) for c in cols):
-                    r = {"$or": [r, *({c.name: float("nan")} for c in cols)]}
-            return r
+            # not (f > 1) is f <= 1 for NaN too: NaN is above every number in the fabric
+            return self.cmp(_NEG[e.op] if neg else e.op, e.left, e.right)
         if isinstance(e, IsNull):
             name = self.field(e.expr)
             if e.negated != neg:
@@ -433,43 +435,54 @@ class MongoSource(Source):
                 f"{self.uri}: can only order by columns, got {', '.join(map(str, keys))}"
             )
         try:
-            if not keys or _native_order(keys):
-                sort = [(_name(k), -1 if k.descending else 1) for k in keys]
+            if not keys:
                 yield from self._batches(
-                    self._find(query, projection, sort, limit, request), schema, request
+                    self._find(query, projection, [], limit, request), schema, request
                 )
-            elif len(keys) == 1:
-                # ascending, nulls last: non-null values in order, then the nulls
-                name, left = _name(keys[0]), limit
-                nonnull = (
-                    {"$and": [query, {name: {"$ne": None}}]} if query else {name: {"$ne": None}}
+                return
+            # The server sorts what it holds: NaN below every number, a value the fabric
+            # reads as null (5.5 in an int column, a string, an array) by its BSON type. It
+            # sorts only the documents whose keys are surely read as values (the first
+            # `limit` of them); the others, few, are read in full; the fabric orders both.
+            sure = self._surely_values(keys)
+            first: list[pa.RecordBatch] = []
+            rest_query = query
+            if sure is not None:
+                sort = [(_name(k), -1 if k.descending else 1) for k in keys]
+                first = list(
+                    self._batches(
+                        self._find(merge_and([query, sure]), projection, sort, limit, request),
+                        schema,
+                        request,
+                    )
                 )
-                nulls = {"$and": [query, {name: {"$eq": None}}]} if query else {name: {"$eq": None}}
-                for q in (nonnull, nulls):
-                    if left is not None and left <= 0:
-                        break
-                    for b in self._batches(
-                        self._find(q, projection, [(name, 1)], left, request), schema, request
-                    ):
-                        left = None if left is None else left - b.num_rows
-                        yield b
-            else:  # several keys with non-Mongo null placement: sort here
-                table = pa.Table.from_batches(
-                    list(
-                        self._batches(
-                            self._find(query, projection, [], None, request), schema, request
-                        )
-                    ),
-                    schema=schema,
-                )
-                table = _sort_table(table, keys)
-                if limit is not None:
-                    table = table.slice(0, limit)
-                yield from table.to_batches(max_chunksize=request.batch_size)
+                rest_query = merge_and([query, {"$nor": [sure]}])
+            rest = self._batches(
+                self._find(rest_query, projection, [], None, request), schema, request
+            )
+            table = _sort_table(pa.Table.from_batches([*first, *rest], schema=schema), keys)
+            if limit is not None:
+                table = table.slice(0, limit)
+            yield from table.to_batches(max_chunksize=request.batch_size)
         except (KeyError, ValueError):
             raise
         except Exception as exc:
             raise self.conn.error(exc, self.collection) from exc
+
+    def _surely_values(self, keys: tuple[SortKey, ...]) -> dict[str, Any] | None:
+        """A filter of the documents whose sort keys the server orders as the fabric does:
+        each key of a type the fabric always reads as a value, not an array, not NaN
+        (None: a key of a type without that knowledge)."""
+        parts: list[dict[str, Any]] = []
+        for k in keys:
+            name = _name(k)
+            types = self.read_types(name)
+            if types is None:
+                return None
+            parts += [{name: {"$type": types}}, {name: {"$not": {"$type": "array"}}}]
+            if pa.types.is_floating(self._fields[name].type):
+                parts.append({name: {"$gte": float("-inf")}})  # every number but NaN
+        return {"$and": parts}
 
     def _find(
         self,
@@ -516,23 +529,13 @@ def _name(k: SortKey) -> str:
     return k.expr.name
 
 
-def _native_order(keys: tuple[SortKey, ...]) -> bool:
-    """Mongo sorts null/missing lowest: ascending puts nulls first, descending last."""
-    return all(
-        (k.nulls_first is True) if not k.descending else (k.nulls_first in (None, False))
-        for k in keys
-    )
-
-
 def _sort_table(table: pa.Table, keys: tuple[SortKey, ...]) -> pa.Table:
     if not keys:
         return table
     # pyarrow sorts with one null placement; sort stably from the last key to the first
     for k in reversed(keys):
         order = "descending" if k.descending else "ascending"
-        idx = pc.sort_indices(
-            table, sort_keys=[(_name(k), order, "at_start" if k.nulls_first else "at_end")]
-        )
+        idx = sort_indices(table, [(_name(k), order, "at_start" if k.nulls_first else "at_end")])
         table = table.take(idx)
     return table
 
