@@ -22,6 +22,7 @@ first run pays for the HNSW build.
 
     .venv/bin/python benchmarks/retrieval.py                 # full run
     .venv/bin/python benchmarks/retrieval.py --n 20000 --queries 200   # quick
+    .venv/bin/python benchmarks/retrieval.py --only anti --ab   # fab.query before / after
 """
 
 from __future__ import annotations
@@ -391,14 +392,10 @@ def lancedb_run(
     return out
 
 
-def api_run(
-    src: DatasetSource, pts: list[Point], qs: np.ndarray, gts: list[list[np.ndarray]]
-) -> list[tuple]:
-    """The optimizer through the public API (``fabric.open`` + ``fab.query`` of a binding
-    file per point) next to ``DatasetSource.search``, interleaved per query."""
+def bindings(pts: list[Point]) -> tuple[str, list[str]]:
+    """A directory with one binding file per point (``nearest`` over the dataset, the
+    point's filter as ``where``), and the bindings' names."""
     import tempfile
-
-    import fabric
 
     d = tempfile.mkdtemp(prefix="retrieval-bindings-")
     names = []
@@ -412,6 +409,17 @@ def api_run(
                 f"{where}\nselect: [n.id]\n"
             )
         names.append(name)
+    return d, names
+
+
+def api_run(
+    src: DatasetSource, pts: list[Point], qs: np.ndarray, gts: list[list[np.ndarray]]
+) -> list[tuple]:
+    """The optimizer through the public API (``fabric.open`` + ``fab.query`` of a binding
+    file per point) next to ``DatasetSource.search``, interleaved per query."""
+    import fabric
+
+    d, names = bindings(pts)
     out = []
     with fabric.open(
         {"bindings": [d]}, ingest=False, watch=False, dataset_sources={"bench": src}
@@ -436,6 +444,61 @@ def api_run(
             out.append((p.name, s_ms, a_ms, float(np.mean(rec))))
             print(
                 f"{p.name:<16} source {s_ms:7.3f} ms | api {a_ms:7.3f} ms | recall {np.mean(rec):.3f}",
+                flush=True,
+            )
+    return out
+
+
+def ab_run(
+    ds: Dataset,
+    src: DatasetSource,
+    pts: list[Point],
+    qs: np.ndarray,
+    gts: list[list[np.ndarray]],
+) -> list[tuple]:
+    """``fab.query`` of each point's binding as the code was before the 8-bit first pass
+    and the per-version candidate bitmaps (``before``: ``indexes.quantized.ENABLED`` off,
+    every compiled filter's remembered bitmap dropped before each query) and as it is
+    (``after``), interleaved per query in random order; the same optimizer and cost model
+    otherwise. Returns (point, before p50, after p50, before recall, after recall,
+    after's choices)."""
+    import fabric
+    from indexes import quantized
+
+    d, names = bindings(pts)
+    arms = ["before", "after"] + (["after_numpy"] if quantized.KERNEL == "numkong" else [])
+    out = []
+    with fabric.open(
+        {"bindings": [d]}, ingest=False, watch=False, dataset_sources={"bench": src}
+    ) as fab:
+        order = np.random.default_rng(11)
+        kernel = quantized.KERNEL
+        for p, name, gt in zip(pts, names, gts):
+            lat: dict[str, list[float]] = {a: [] for a in arms}
+            rec: dict[str, list[float]] = {a: [] for a in arms}
+            fab.query(name, session={"q": qs[0]})  # compile once (plans are cached)
+            for q, exp in zip(qs, gt):
+                for arm in map(str, order.permutation(arms)):
+                    quantized.ENABLED = arm != "before"
+                    quantized.set_kernel("numpy" if arm == "after_numpy" else kernel)
+                    if arm == "before":
+                        for pred in ds.pred_cache.values():
+                            pred.__dict__.pop("_rows_memo", None)
+                    t = time.perf_counter()
+                    ids = fab.query(name, session={"q": q}).table.column(0).to_numpy()
+                    lat[arm].append(time.perf_counter() - t)
+                    rec[arm].append(recall(ids, exp))
+            quantized.ENABLED = True
+            quantized.set_kernel(kernel)
+            p50 = {a: float(np.median(lat[a]) * 1e3) for a in arms}
+            rc = {a: float(np.mean(rec[a])) for a in arms}
+            out.append((p.name, p50, rc))
+            print(
+                f"{p.name:<16} "
+                + " | ".join(
+                    f"{a} {p50[a]:7.3f} ms r{rc[a]:.3f} ({p50[a] / p50['before']:.2f}x)"
+                    for a in arms
+                ),
                 flush=True,
             )
     return out
@@ -551,6 +614,12 @@ def main() -> None:
         metavar="Q",
         help="also run LanceDB on the first Q queries",
     )
+    ap.add_argument(
+        "--ab",
+        action="store_true",
+        help="also time fab.query before / after the 8-bit first pass and the per-version "
+        "candidate bitmaps, interleaved (issue 12)",
+    )
     ap.add_argument("--calibrate", action="store_true", help="re-measure unit costs first")
     ap.add_argument(
         "--folding",
@@ -655,6 +724,32 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for name, s_ms, a_ms, r in ar:
             print(f"| {name} | {s_ms:.3f} | {a_ms:.3f} | {a_ms - s_ms:+.3f} | {r:.3f} |")
+    if args.ab:
+        print()
+        ab = ab_run(ds, src, pts, qs, gts)
+        print()
+        print(
+            "## fab.query before / after the 8-bit first pass and the per-version candidate "
+            "bitmaps (interleaved per query), p50 ms"
+        )
+        print()
+        arms = list(ab[0][1]) if ab else []
+        print(
+            "| point | "
+            + " | ".join(arms)
+            + " | after / before | recall "
+            + " / ".join(arms)
+            + " |"
+        )
+        print("|---|" + "---|" * (len(arms) + 2))
+        for name, p50, rc in ab:
+            print(
+                f"| {name} | "
+                + " | ".join(f"{p50[a]:.3f}" for a in arms)
+                + f" | {p50['after'] / p50['before']:.2f}x | "
+                + " / ".join(f"{rc[a]:.3f}" for a in arms)
+                + " |"
+            )
     if not args.no_faiss:
         fr = faiss_run(x, qs, pts, gts, args.ef)
         print()

@@ -6,7 +6,10 @@ from ``/work/shared/PERF_FACTS.md`` (2-core machine, 128-d). The model:
 - HNSW search: ``hnsw_base_ms + hnsw_per_ef_ms * ef`` (per dataset column when measured on
   its own graph; otherwise scaled by dimension);
 - exact distances: ``contig_ns_per_dim * dim`` per row over a contiguous row-id range,
-  ``gather_ns_per_dim * dim`` per row gathered by index;
+  ``gather_ns_per_dim * dim`` per row gathered by index; a gather of many rows runs the
+  8-bit first pass instead (``indexes.quantized``) when the model says it is cheaper:
+  ``first_pass_ms`` fixed, ``quant_ns_per_dim * dim`` per row, then the exact distances of
+  a shortlist of about ``SHORTLIST_PER_K * k`` rows;
 - candidate sets: ``bitmap_ns_per_row`` to turn a B-tree range into a roaring bitmap,
   ``test_ns_per_row`` to test a value by row id, ``residual_ns_per_row`` for pyarrow;
 - in-search filter: ``callback_ns`` per node hnswlib visits, ``visits_per_ef * ef`` nodes
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+SHORTLIST_PER_K = 8  # rows the first pass keeps per k, modelled (60 of 21,828 measured)
 DEFAULT_PATH = os.path.join(os.path.expanduser("~"), ".cache", "fabric", "retrieval_costs.json")
 
 
@@ -39,6 +43,9 @@ class CostModel:
     contig_ns_per_dim: float = 24.0 / 128
     gather_ns_per_dim: float = 90.0 / 128
     topk_ns_per_row: float = 4.0
+    # the 8-bit first pass over gathered candidates: gather codes + integer dots + bound
+    quant_ns_per_dim: float = 20.0 / 128
+    first_pass_ms: float = 0.04
     bitmap_ns_per_row: float = 12.0
     test_ns_per_row: float = 25.0
     residual_ns_per_row: float = 250.0
@@ -71,9 +78,22 @@ class CostModel:
         """Fixed (Python) cost of running ``strategy`` once, beyond its modelled work."""
         return self.overheads.get(strategy, self.overhead_ms)
 
-    def exact_ms(self, rows: int, dim: int, contiguous: bool) -> float:
-        per = self.contig_ns_per_dim if contiguous else self.gather_ns_per_dim
-        return rows * (per * dim + self.topk_ns_per_row) * 1e-6
+    def exact_ms(self, rows: int, dim: int, contiguous: bool, k: int = 10) -> float:
+        """Exact top-k over ``rows`` rows: one contiguous pass, or a gather (the cheaper of
+        gathering every row and the 8-bit first pass, as ``retrieval.exact_on`` picks)."""
+        if contiguous:
+            return rows * (self.contig_ns_per_dim * dim + self.topk_ns_per_row) * 1e-6
+        return min(self.gather_ms(rows, dim), self.first_pass_cost_ms(rows, dim, k))
+
+    def gather_ms(self, rows: int, dim: int) -> float:
+        """Exact distances of ``rows`` rows gathered by row id, and their top-k."""
+        return rows * (self.gather_ns_per_dim * dim + self.topk_ns_per_row) * 1e-6
+
+    def first_pass_cost_ms(self, rows: int, dim: int, k: int) -> float:
+        """The 8-bit first pass over ``rows`` gathered rows, then the exact distances of
+        its shortlist."""
+        per_row = (self.quant_ns_per_dim * dim + self.topk_ns_per_row) * 1e-6
+        return self.first_pass_ms + rows * per_row + self.gather_ms(SHORTLIST_PER_K * k, dim)
 
     # ---------------------------------------------------------------- storage
     def save(self, path: str = DEFAULT_PATH) -> None:
@@ -129,12 +149,13 @@ def calibrate(
     from indexes.spec import IndexSpec
 
     vi = VectorIndex("calibration", dim, IndexSpec("hnsw", metric="ip"))
-    vi.vectors, vi.aux, vi.n = x, np.zeros(rows, np.float32), rows
+    vi.append(0, x)  # (fits its 8-bit codes)
     t_contig = _best(lambda: vi.distances(q, slice(0, rows)), 20)
     idx = np.sort(rng.choice(rows, rows // 4, replace=False))
     t_gather = _best(lambda: vi.distances(q, idx), 20)
     cm.contig_ns_per_dim = t_contig / rows / dim * 1e9
     cm.gather_ns_per_dim = t_gather / len(idx) / dim * 1e9
+    _measure_first_pass(cm, vi, q, idx)
     d = rng.random(rows).astype(np.float32)
     cm.topk_ns_per_row = _best(lambda: np.argpartition(d, 10)[:10], 15) / rows * 1e9
     ids = np.arange(0, rows, 2, dtype=np.uint32)
@@ -186,6 +207,7 @@ def _calibrate_dataset(cm: CostModel, ds: Any, rng: np.random.Generator) -> None
             idx = np.sort(rng.choice(vi.n, vi.n // 50, replace=False))
             t = _best(lambda vi=vi, q=q, idx=idx: vi.distances(q, idx), 20)
             cm.gather_ns_per_dim = t / len(idx) / vi.dim * 1e9
+            _measure_first_pass(cm, vi, q, np.sort(rng.choice(vi.n, vi.n // 10, replace=False)))
             break
     for col, vi in ds.vectors.items():
         if vi.in_graph >= 1000:
@@ -212,6 +234,20 @@ def _calibrate_dataset(cm: CostModel, ds: Any, rng: np.random.Generator) -> None
         / max(len(ids), 1)
         * 1e9
     )
+
+
+def _measure_first_pass(cm: CostModel, vi: Any, q: np.ndarray, idx: np.ndarray) -> None:
+    """The 8-bit first pass (``indexes.quantized``): its fixed cost (on 256 rows) and its
+    cost per row and dimension (the slope up to ``idx``), shortlists included."""
+    small = idx[:: max(1, len(idx) // 256)][:256].astype(np.int64)
+    big = idx.astype(np.int64)
+    if len(big) <= 2 * len(small) or not vi.codes.fitted:
+        return
+    t_small = _best(lambda: vi.codes.shortlist(q, small, 10, vi.aux), 20)
+    t_big = _best(lambda: vi.codes.shortlist(q, big, 10, vi.aux), 10)
+    per_row = max(t_big - t_small, 0.0) / (len(big) - len(small))
+    cm.quant_ns_per_dim = max(per_row / vi.dim * 1e9, 0.01)
+    cm.first_pass_ms = max((t_small - per_row * len(small)) * 1e3, 0.005)
 
 
 def _measure_graph(cm: CostModel, col: str, vi: Any, qs: np.ndarray) -> None:

@@ -16,6 +16,7 @@ cosine is ``1 - cos(x, q)``; the exact paths compute the same numbers.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from indexes.partition import EfGate, Partitions
+from indexes.quantized import Codes
 from indexes.spec import DatasetError, IndexSpec
 
 GATHER_CHUNK = 2048
@@ -80,15 +82,18 @@ class VectorIndex:
         self._local = threading.local()
         self.gate = EfGate(spec.ef)  # one ef per hnswlib index: see EfGate
         self.partitions: Partitions | None = None  # per-value graphs (indexes.partition)
+        self.codes = Codes(dim, self.metric)  # 8-bit copy for gathers (indexes.quantized)
 
     # ------------------------------------------------------------------ storage
     def _aux(self, m: np.ndarray) -> np.ndarray:
         if self.metric == "l2":
             return np.einsum("ij,ij->i", m, m).astype(np.float32)
-        if self.metric == "cosine":
-            nrm = np.sqrt(np.einsum("ij,ij->i", m, m))
+        if self.metric == "cosine":  # norms in float64: a float32 sum of squares of a
+            # vector of norm ~1e-21 underflows (and of one of norm ~1e20 overflows)
+            nrm = np.sqrt(np.einsum("ij,ij->i", m, m, dtype=np.float64))
             with np.errstate(divide="ignore"):
-                return np.where(nrm > 0, 1.0 / nrm, 0.0).astype(np.float32)
+                inv = np.where(nrm > 0, 1.0 / nrm, 0.0)
+            return np.minimum(inv, np.finfo(np.float32).max).astype(np.float32)
         return np.zeros(len(m), dtype=np.float32)
 
     def append(self, start: int, m: np.ndarray) -> None:
@@ -104,6 +109,7 @@ class VectorIndex:
         self.vectors[start:end] = m
         self.aux[start:end] = self._aux(m)
         self.n = end
+        self.codes.append(start, end, self.vectors, self.aux)
 
     def fold(
         self,
@@ -193,8 +199,9 @@ class VectorIndex:
         """The metric's distance from ``x . q`` and the rows' aux (squared / inverse norms)."""
         if self.metric == "l2":
             return aux - 2.0 * dots + float(q @ q)
-        if self.metric == "cosine":
-            qn = float(np.sqrt(q @ q))
+        if self.metric == "cosine":  # |q| in float64 (a tiny query's q.q underflows)
+            q64 = q.astype(np.float64)
+            qn = math.sqrt(float(q64 @ q64))
             inv = 1.0 / qn if qn > 0 else 0.0
             return 1.0 - dots * aux * inv
         return 1.0 - dots
@@ -223,7 +230,7 @@ class VectorIndex:
             + self.in_graph * M * 4 // 8
         )
         parts = self.partitions.nbytes() if self.partitions is not None else 0
-        return self.n * (self.dim * 4 + 4) + graph + parts
+        return self.n * (self.dim * 4 + 4) + graph + parts + self.codes.nbytes()
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str) -> None:
@@ -234,6 +241,8 @@ class VectorIndex:
         self.vectors = np.load(os.path.join(directory, f"vectors.{self.column}.npy"))
         self.n, self.folded, self.in_graph = n, folded, in_graph
         self.aux = self._aux(self.vectors) if n else np.zeros(0, np.float32)
+        self.codes = Codes(self.dim, self.metric)
+        self.codes.fit(self.vectors[:n], self.aux[:n])
         path = os.path.join(directory, f"hnsw.{self.column}.bin")
         g = hnswlib.Index(space=self.metric, dim=self.dim)
         try:
