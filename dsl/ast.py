@@ -170,6 +170,24 @@ class Exists(Expr):
 
 
 @dataclass(frozen=True)
+class ExistsIn(Expr):
+    """A correlated ``exists`` pushed into a source by ``fabric.optimizer.push_exists``:
+    whether the object ``uri`` (a table of the same connection as the source holding the
+    filter) has a row satisfying ``where``. In ``where`` the columns ``alias.<col>`` are
+    that table's own (``alias`` is the stage the exists named); unqualified columns are
+    the enclosing source's, as in every filter a source is given. Only a source whose
+    ``supports_filter`` answers it EXACT (``connectors.sql``: same connection) gets it."""
+
+    uri: str
+    alias: str
+    where: Expr
+
+    def inner_columns(self) -> set[Column]:
+        """The columns of ``where`` that are the table ``uri``'s (``alias.<col>``)."""
+        return {c for c in self.where.columns() if c.source == self.alias}
+
+
+@dataclass(frozen=True)
 class SortKey(Expr):
     expr: Expr
     descending: bool = False
@@ -229,10 +247,27 @@ def replace(e: Expr, fn: Any, *, pre: Any = None) -> Expr:
 
 
 def unqualify(e: Expr) -> Expr:
-    """Drop source qualifiers (what a connector sees: its own column names)."""
+    """Drop source qualifiers (what a connector sees: its own column names); inside an
+    ``ExistsIn`` the other table's columns keep theirs."""
+
+    def inner(n: Expr) -> Expr | None:
+        if not isinstance(n, ExistsIn):
+            return None
+        keep = n.alias
+        where = replace(
+            n.where,
+            lambda c: (
+                Column(c.name, None, span=c.span)
+                if isinstance(c, Column) and c.source and c.source != keep
+                else None
+            ),
+        )
+        return ExistsIn(n.uri, n.alias, where, span=n.span)
+
     return replace(
         e,
         lambda n: Column(n.name, None, span=n.span) if isinstance(n, Column) and n.source else None,
+        pre=inner,
     )
 
 
@@ -302,6 +337,8 @@ def to_text(e: Expr, parent_prec: int = 0) -> str:
         return f"{{{{session.{e.name}}}}}"
     if isinstance(e, Exists):
         return f"exists({e.stage}{' where ' + to_text(e.where) if e.where is not None else ''})"
+    if isinstance(e, ExistsIn):
+        return f"exists({e.uri} as {e.alias} where {to_text(e.where)})"
     if isinstance(e, Call) and e.name == "case":
         a = e.args
         whens = " ".join(

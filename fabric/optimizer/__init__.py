@@ -23,6 +23,7 @@ from fabric.optimizer.factor_or import factor_or
 from fabric.optimizer.join_bounds import join_bounds
 from fabric.optimizer.join_order import join_order
 from fabric.optimizer.push_aggregate import push_aggregate
+from fabric.optimizer.push_exists import push_exists
 from fabric.optimizer.push_filters import push_filters
 from fabric.optimizer.push_limit import push_limit
 from fabric.optimizer.push_projection import push_projection
@@ -35,6 +36,7 @@ Rule = Callable[[Plan, Any], Plan]
 RULES: tuple[Rule, ...] = (
     factor_or,
     push_filters,
+    push_exists,
     join_order,
     dynamic_filters,
     branch_keys,
