@@ -12,6 +12,13 @@ trailing-space-insensitively, string comparisons are made on the binary form
 (``CAST(col AS BINARY)``; equality and ``in`` keep a plain comparison next to it so an
 index can still be used). Sorting on strings is binary too, and nulls sort last unless
 asked otherwise (as in DuckDB). Rows stream from a server-side cursor into Arrow batches.
+
+A correlated ``exists`` over another table of the same connection (``dsl.ast.ExistsIn``,
+from ``fabric.optimizer.push_exists``) becomes ``[NOT] EXISTS (SELECT 1 FROM <table> AS
+<alias> WHERE ...)``, its condition translated like any filter; it is EXACT only for a
+table of this connection. Comparing text of two tables is exact on PostgreSQL (both
+sides in byte order, ``COLLATE "C"``) and left to the fabric on MariaDB / MySQL, whose
+two columns may differ in collation and character set.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from dsl.ast import (
     Binary,
     Call,
     Column,
+    ExistsIn,
     Expr,
     InList,
     IsNull,
@@ -61,6 +69,7 @@ from dsl.ast import (
     Param,
     Star,
     Unary,
+    replace,
 )
 
 _CMP = {"=", "!=", "<", "<=", ">", ">="}
@@ -186,6 +195,7 @@ class SqlSource(Source):
         # SQLite folds ASCII case for)
         self.binary_text = dialect == "sqlite" and _sqlite_binary_collation(conn, table)
         self._stats: Statistics | None = None
+        self._peers: dict[str, SqlSource] = {}
         # PostgreSQL CHAR(n) pads values with blanks ('Brand#13  ') and compares them
         # ignoring the padding: read and compare them as text (cast drops the padding), as
         # MariaDB and DuckDB's scanners return them, so pushed and local filters agree
@@ -207,10 +217,11 @@ class SqlSource(Source):
             and pa.types.is_floating(self._schema.field(c.name).type)
         }
 
-    def col(self, name: str) -> Any:
+    def col(self, name: str, table: Any = None) -> Any:
         """The column as selected and compared (CHAR(n) of PostgreSQL as unpadded text, a
-        DECIMAL wider than 38 digits as the double it is read as)."""
-        c = self.table.c[name]
+        DECIMAL wider than 38 digits as the double it is read as); of ``table`` (an alias
+        of this source's table) when given."""
+        c = (self.table if table is None else table).c[name]
         if name in self._wide:
             if self.mysql:  # SQLAlchemy skips CAST(.. AS DOUBLE) on MySQL: + 0e0 is a double
                 return sa.type_coerce(c + sa.literal_column("0e0"), sa.Float())
@@ -219,6 +230,19 @@ class SqlSource(Source):
 
     def schema(self) -> pa.Schema:
         return self._schema
+
+    def peer(self, uri: str) -> SqlSource:
+        """The source of ``uri`` when it is a table of this source's connection (the same
+        server and database: one statement can read both); raises NotTranslatable."""
+        obj = uri.partition("://")[2].partition("/")[2]
+        if not obj or uri != self.conn.uri(obj):
+            raise NotTranslatable(f"{uri} is not a table of {self.conn.uri()}")
+        if uri not in self._peers:
+            try:
+                self._peers[uri] = self.conn.source(obj)
+            except (UnknownObjectError, SourceError) as exc:
+                raise NotTranslatable(str(exc)) from None
+        return self._peers[uri]
 
     # ----------------------------------------------------------------- translation
 
@@ -324,7 +348,7 @@ class SqlSource(Source):
         fetched rows; the limit then waits until after it.
         """
         now = now or utcnow()
-        params = typed_params(request.filters, request.params, self._schema, self.uri)
+        params = self._typed_params(request.filters, request.params)
         cols = list(request.columns) if request.columns is not None else self._schema.names
         missing = [c for c in cols if c not in self.table.c]
         if missing:
@@ -346,7 +370,7 @@ class SqlSource(Source):
             )
             if selected
             else sa.select(sa.literal(1))
-        )
+        ).select_from(self.table)  # an EXISTS correlates with it, even when no column is read
         for w in where:
             stmt = stmt.where(w)
         for key in request.order_by:
@@ -357,6 +381,34 @@ class SqlSource(Source):
         if request.aggregate is not None and not local:
             stmt = self._grouped(stmt, request.aggregate, params, now)
         return stmt, local, selected, params
+
+    def _typed_params(self, filters: tuple[Expr, ...], params: Mapping[str, Any]) -> dict[str, Any]:
+        """``typed_params`` with the session values compared with another table's columns
+        inside an ``ExistsIn`` checked against that table's types."""
+        exists = [x for f in filters for x in f.walk() if isinstance(x, ExistsIn)]
+        if not exists:
+            return typed_params(filters, params, self._schema, self.uri)
+        true = Literal(True, "bool")
+        plain = [
+            replace(f, lambda n: None, pre=lambda n: true if isinstance(n, ExistsIn) else None)
+            for f in filters
+        ]
+        out = typed_params(plain, params, self._schema, self.uri)
+        for x in exists:
+            try:
+                other = self.peer(x.uri)
+            except NotTranslatable:
+                continue  # not translated either: the scan reports it
+            alias = x.alias
+
+            def named(n: Expr, alias: str = alias) -> Expr | None:
+                if isinstance(n, Column) and n.source == alias:
+                    return Column(f"{alias}.{n.name}")
+                return None
+
+            fields = [*self._schema, *(f.with_name(f"{alias}.{f.name}") for f in other._schema)]
+            out = typed_params([replace(x.where, named)], out, pa.schema(fields), self.uri)
+        return out
 
     def statement(self, request: ScanRequest, now: dt.datetime | None = None) -> sa.Select:
         return self.plan(request, now)[0]
@@ -420,6 +472,8 @@ class _Translator:
         self.now = now
         self.probe = probe  # planning: session values are not known yet
         self.pg = src.conn.engine.dialect.name == "postgresql"
+        #: alias -> (source, aliased table) of each ``ExistsIn`` being translated
+        self.tables: dict[str, tuple[SqlSource, Any]] = {}
 
     def const(self, e: Expr) -> tuple[Any, pa.DataType | None]:
         if self.probe and e.params():
@@ -458,6 +512,13 @@ class _Translator:
         if is_constant(e):
             return self.const(e)
         if isinstance(e, Column):
+            if e.source is not None:  # a column of the table of an enclosing ExistsIn
+                if e.source not in self.tables:
+                    raise NotTranslatable(f"unknown column {e.qualified}")
+                other, table = self.tables[e.source]
+                if e.name not in other.table.c:
+                    raise NotTranslatable(f"unknown column {e.qualified}")
+                return other.col(e.name, table), other._schema.field(e.name).type
             if e.name not in self.src.table.c:
                 raise NotTranslatable(f"unknown column {e.name}")
             return self.src.col(e.name), self.src._schema.field(e.name).type
@@ -518,11 +579,30 @@ class _Translator:
             else clause
         )
 
+    def _two_tables(self, t: pa.DataType | None, *exprs: Expr) -> bool:
+        """Whether text ``exprs`` read columns of two tables (an ``ExistsIn``'s and the
+        enclosing one's): MariaDB compares them by two collations (or character sets), so
+        not there; PostgreSQL compares them in byte order (the caller adds COLLATE "C")."""
+        if not (self.tables and _is_text(t)):
+            return False
+        owners = {c.source for e in exprs for c in e.columns()}
+        if len(owners) < 2:
+            return False
+        if self.src.mysql or not self.pg:
+            raise NotTranslatable(
+                f"text of two tables compared by the server's collations: {exprs}"
+            )
+        return True
+
     def compare(self, op: str, left: Expr, right: Expr) -> Any:
         (a, ta), (b, tb) = self.value(left), self.value(right)
         _check_types(ta, tb, left, right)
         if ta is None or tb is None:  # comparison with null: unknown (so is its negation)
             return _UNKNOWN
+        if self._two_tables(ta, left, right):
+            fn = {"=": "__eq__", "!=": "__ne__", "<": "__lt__"}.get(op)
+            cmp = {"<=": "__le__", ">": "__gt__", ">=": "__ge__"}
+            return getattr(a.collate("C"), fn or cmp[op])(b.collate("C"))
         fn = {
             "=": "__eq__",
             "!=": "__ne__",
@@ -572,14 +652,40 @@ class _Translator:
             return self._in(e)
         if isinstance(e, Like):
             return self._like(e)
-        if isinstance(e, Column) and self.src._schema.field(e.name).type == pa.bool_():
-            return self.value(e)[0] == sa.true()
+        if isinstance(e, ExistsIn):
+            return self._exists(e)
+        if isinstance(e, Column):
+            v, t = self.value(e)
+            if t == pa.bool_():
+                return v == sa.true()
         raise NotTranslatable(f"cannot translate {e} to a SQL condition")
+
+    def _exists(self, e: ExistsIn) -> Any:
+        """``EXISTS (SELECT 1 FROM <table> AS <alias> WHERE ...)`` over a table of this
+        connection, correlated with the enclosing table (an alias of its own, so a table
+        tested against itself, lineitem l1 vs l2, is two)."""
+        if e.alias in self.tables:
+            raise NotTranslatable(f"exists inside an exists over {e.alias}")
+        other = self.src.peer(e.uri)
+        table = other.table.alias(f"__x_{e.alias}")
+        self.tables[e.alias] = (other, table)
+        try:
+            cond = self.go(e.where)
+        finally:
+            del self.tables[e.alias]
+        sub: sa.Select[Any] = sa.select(sa.literal_column("1")).select_from(table).where(cond)
+        return sub.correlate(self.src.table).exists()
 
     def _in(self, e: InList) -> Any:
         a, ta = self.value(e.expr)
         if ta is None:
             raise NotTranslatable(f"'in' on a null: {e}")
+        if (
+            self.tables
+            and not isinstance(e.items, Param)
+            and self._two_tables(ta, e.expr, *e.items)
+        ):
+            raise NotTranslatable(f"'in' of text from two tables: {e}")
         self._text_ok(ta)
         if isinstance(e.items, Param):
             if self.probe:
@@ -654,6 +760,8 @@ class _Translator:
         p, tp = self.value(e.pattern)
         if not (_is_text(ta) and _is_text(tp)):
             raise NotTranslatable(f"'like' needs strings: {e}")
+        if self._two_tables(ta, e.expr, e.pattern):
+            raise NotTranslatable(f"'like' of text from two tables: {e}")
         self._text_ok(ta, like=True)
         if e.case_insensitive:
             # the server's lower() folds case by its collation, not as pyarrow and DuckDB
