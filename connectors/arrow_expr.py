@@ -219,6 +219,8 @@ def _num_float(v: Any) -> Any:
 def _scalar(v: Any) -> Any:
     if isinstance(v, dt.datetime) and v.tzinfo is None:
         v = v.replace(tzinfo=dt.UTC)
+    elif isinstance(v, dt.datetime) and v.utcoffset() != dt.timedelta(0):
+        v = v.astimezone(dt.UTC)  # the same instant: pyarrow compares no two other zones
     if isinstance(v, CalendarInterval):  # pyarrow adds no months to a column
         raise NotTranslatable(f"an interval with months ({v}) over a column")
     return v
@@ -426,6 +428,12 @@ def to_arrow(
                 return pc.scalar(pa.scalar(None, pa.bool_()))  # a filter of it keeps no row
             return pc.scalar(scalar(v))
         if isinstance(x, Column):
+            t = _arg_type(x, schema) if schema is not None else None
+            if t is not None and pa.types.is_timestamp(t) and t.tz != "UTC":
+                # times are UTC in the fabric (and in DuckDB's session): pyarrow reads the
+                # hour, day, ... of a zoned timestamp in its zone, refuses to compare a
+                # zoneless one with a zoned value, or two zones of other units
+                return col(x).cast(pa.timestamp(t.unit, "UTC"))
             return col(x)
         if isinstance(x, Binary):
             if x.op == "and":
@@ -634,6 +642,12 @@ def _nan_test(e: Any, k: str | None) -> Any:
     """Whether ``e`` is NaN, null where ``e`` is null: ``is_nan`` for a float, ``e != e``
     for a side of unknown type (true exactly for NaN), false (or null) for other numbers."""
     return pc.is_nan(e) if k == "float" else pc.not_equal(e, e)
+
+
+def _arg_type(e: Expr, schema: pa.Schema) -> pa.DataType | None:
+    if isinstance(e, Column):
+        return schema.field(e.name).type if e.name in schema.names else None
+    return _call_type(e, schema) if isinstance(e, Call) else None
 
 
 def _call_type(x: Call, schema: pa.Schema) -> pa.DataType | None:
