@@ -187,6 +187,8 @@ class Dataset:
             table = table.take(pa.array(sorted(last.values()), pa.int64()))
             keys = table.column(self.key).to_pylist()
         mats = {c: to_matrix(c, table.column(c), v.dim) for c, v in self.vectors.items()}
+        for c, mat in mats.items():
+            self._check_finite(c, mat, table)
         if mats and self.background_fold:
             self._backpressure()
         with self.lock.write():
@@ -230,6 +232,24 @@ class Dataset:
         if mats and self.background_fold:
             self._kick()
         return m
+
+    def _check_finite(self, column: str, mat: np.ndarray, table: pa.Table) -> None:
+        """Refuse a batch holding a vector with a NaN or an infinity, or whose squared
+        length overflows float32 (as the search refuses such a query): no distance ranks
+        it, and in the HNSW graph it broke the walk for every other row (5% NaN rows:
+        the graph's top 10 held 0.4 of the true 10, no error)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            ok = np.isfinite(np.einsum("ij,ij->i", mat, mat))
+        if ok.all():
+            return
+        bad = np.flatnonzero(~ok)
+        keys = table.column(self.key).take(pa.array(bad[:5], pa.int64())).to_pylist()
+        raise DatasetError(
+            f"dataset {self.name!r}: vector column {column!r} holds NaN, infinite or too "
+            f"large values (a squared length past float32's range) in {len(bad)} row(s), "
+            f"key(s) {keys}{' ...' if len(bad) > 5 else ''}; nothing of this batch was "
+            "written: fix or drop those rows"
+        )
 
     def delete(self, keys: Iterable[Any]) -> int:
         """Delete rows by key; returns how many existed."""
