@@ -12,7 +12,8 @@ Per query, interleaved round by round in one process window:
   local     DuckDB on local tables holding the same rows (the floor)
   baseline  (--baseline) the fabric as it was before the speed work of 2026-12-01 23:xx:
             Parquet decoded by pyarrow (parquet_reader: pyarrow) and exists-stage key
-            pushes without their cost gate (EXISTS_SHARE 1.0)
+            pushes without their cost gate (EXISTS_SHARE 1.0); or, with --without R1,R2,
+            the fabric without those optimizer rules (its rows fetched are logged)
 and prints p50 of each, the ratios, the fabric's rows fetched / rows needed per source
 (res.stats vs DuckDB counting the rows of each table the answer is computed from; the
 rows of a key-only pre-scan of a table, one key column, are printed apart after it as
@@ -23,6 +24,7 @@ rows of a key-only pre-scan of a table, one key column, are printed apart after 
     .venv/bin/python benchmarks/tpch.py --sf 0.01 --repeat 3 --queries q01,q06
     .venv/bin/python benchmarks/tpch.py --no-peer --markdown /tmp/tpch.md
     .venv/bin/python benchmarks/tpch.py --baseline --seeds 1    # before/after in one run
+    .venv/bin/python benchmarks/tpch.py --without backward_keys --queries q03   # one rule's A/B
 """
 
 from __future__ import annotations
@@ -117,7 +119,10 @@ def run(args: argparse.Namespace) -> list[Row]:
         )
         log(f"peer: DuckDB {info['duckdb']} with mysql, postgres, httpfs")
     base = None
-    if args.baseline:
+    if args.without:
+        base = H.open_fabric(data)
+        base.compiler.optimize = _without(args.without.split(","))
+    elif args.baseline:
         base = H.open_fabric(data)
         base.catalog.connection("lake").parquet_reader = "pyarrow"  # type: ignore[attr-defined]
     rows: list[Row] = []
@@ -132,6 +137,22 @@ def run(args: argparse.Namespace) -> list[Row]:
         if base is not None:
             base.close()
     return rows
+
+
+def _without(names: list[str]):
+    """An optimize function running every rule of fabric.optimizer.RULES but ``names``."""
+    import fabric.optimizer as opt
+
+    known = {r.__name__ for r in opt.RULES}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise SystemExit(f"--without: no optimizer rule {unknown}; the rules: {sorted(known)}")
+    rules = tuple(r for r in opt.RULES if r.__name__ not in names)
+
+    def optimize(plan, catalog):
+        return opt.optimize(plan, catalog, rules=rules)
+
+    return optimize
 
 
 def _baseline_compile(base, name: str):
@@ -155,7 +176,9 @@ def _one(name, args, data, fab, ref, need_con, vocab, peer, tmp, base=None) -> R
     try:
         compiled = H.compile_binding(fab, name)
         if base is not None:
-            base_compiled = _baseline_compile(base, name)
+            base_compiled = (
+                H.compile_binding(base, name) if args.without else _baseline_compile(base, name)
+            )
     except Exception as exc:
         row.verdict, row.why = "error", _short(exc)
     # correctness: validation parameters + seeded random ones, fabric and peer vs local
@@ -191,14 +214,14 @@ def _one(name, args, data, fab, ref, need_con, vocab, peer, tmp, base=None) -> R
     params = q.params(args.sf, None, vocab)
     session = H.session_values(name, params)
     fabric_ok = compiled is not None and row.verdict in ("ok", "types", "wrong")
-    res = None
+    res = base_res = None
     for r in range(args.repeat + 1):  # round 0 warms caches and connections, not counted
         order = ["fabric", "peer", "local"] + (["base"] if base_compiled is not None else [])
         order = order[r % len(order) :] + order[: r % len(order)]
         for engine in order:
             t0 = time.perf_counter()
             if engine == "base" and fabric_ok:
-                H.run_binding(base, base_compiled, session)
+                base_res = H.run_binding(base, base_compiled, session)
                 if r:
                     row.base.append((time.perf_counter() - t0) * 1000)
             elif engine == "fabric" and fabric_ok:
@@ -222,6 +245,11 @@ def _one(name, args, data, fab, ref, need_con, vocab, peer, tmp, base=None) -> R
     if res is not None:
         row.fetched, row.keys = H.fetched_rows(res.stats.get("sources", {}))
         row.needed = H.needed_rows(need_con, q, params, list(row.fetched))
+    if base_res is not None and args.without:
+        b = Row(name)
+        b.fetched, b.keys = H.fetched_rows(base_res.stats.get("sources", {}))
+        b.needed = row.needed
+        log(f"{name}: without {args.without}: {_sources(b)}")
     log(
         f"{name}: {row.verdict} fabric {_fmt(Row.p50(row.fabric))} ms, "
         f"federated {_fmt(Row.p50(row.peer))} ms, local {_fmt(Row.p50(row.local))} ms"
@@ -367,6 +395,11 @@ def main() -> None:
         action="store_true",
         help="also time the fabric as before the 2026-12-01 speed work (pyarrow Parquet "
         "reader, exists pushes without their cost gate), interleaved",
+    )
+    ap.add_argument(
+        "--without",
+        default="",
+        help="also time the fabric without these optimizer rules (comma list), interleaved",
     )
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()

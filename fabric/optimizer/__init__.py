@@ -17,6 +17,7 @@ from typing import Any
 
 from connectors.base import Source, Statistics
 from dsl.errors import FabricError
+from fabric.optimizer.backward_keys import backward_keys
 from fabric.optimizer.branch_keys import branch_keys
 from fabric.optimizer.dynamic_filters import dynamic_filters
 from fabric.optimizer.factor_or import factor_or
@@ -43,6 +44,7 @@ RULES: tuple[Rule, ...] = (
     join_bounds,
     stage_keys,
     semijoin_reduce,
+    backward_keys,
     push_aggregate,
     push_projection,
     push_limit,
