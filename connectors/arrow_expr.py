@@ -344,6 +344,13 @@ def to_arrow(
             else:
                 out = {id(dec): _decimal_to_float(go(dec)), id(flt): go(flt)}
             return out[id(a)], out[id(b)]
+        if {ka, kb} == {"int", "float"}:  # as DuckDB: the integer as a double, rounded
+            # (pyarrow's implicit cast refused an integer past 2^53: 'Integer value
+            # 9007199254740993 not in range', from f = 9007199254740993)
+            num, flt = (a, b) if ka == "int" else (b, a)
+            as_float = const_as(num, "float") if is_constant(num) else _int_to_float(go(num))
+            out = {id(num): as_float, id(flt): go(flt)}
+            return out[id(a)], out[id(b)]
         if schema is None:  # types unknown: a decimal or float constant meets in floats
             for c, o, kc, ko in ((a, b, ka, kb), (b, a, kb, ka)):
                 if is_constant(c) and kc in ("decimal", "float") and ko is None:
@@ -445,7 +452,10 @@ def to_arrow(
             if x.op == "/":  # as DuckDB: a float division (7 / 2 is 3.5; 1 / 0 is inf)
                 return pc.divide(go(x.left).cast(pa.float64()), go(x.right).cast(pa.float64()))
             if x.op in _ARITH:
-                return getattr(pc, _ARITH[x.op] + "_checked")(go(x.left), go(x.right))
+                a, b = go(x.left), go(x.right)
+                if {kind(x.left), kind(x.right)} == {"int", "float"}:
+                    a, b = pair(x.left, x.right)  # the integer as a double (past 2^53)
+                return getattr(pc, _ARITH[x.op] + "_checked")(a, b)
             if x.op == "||":
                 return pc.binary_join_element_wise(go(x.left), go(x.right), "")
         if isinstance(x, Unary):
@@ -468,7 +478,12 @@ def to_arrow(
             if kt == "float" or (kt is None and schema is None and (has_dec or has_flt)):
                 if kt is None:
                     target = _decimal_to_float(target)
-                nonnull = [float(v) if isinstance(v, decimal.Decimal) else v for v in nonnull]
+                nonnull = [
+                    float(v)
+                    if isinstance(v, decimal.Decimal | int) and not isinstance(v, bool)
+                    else v
+                    for v in nonnull
+                ]  # an integer as a double, as DuckDB compares them (2^53 + 1 is 2^53)
                 if any(isinstance(v, float) and math.isnan(v) for v in nonnull):
                     # pc.is_in tells NaNs apart by their bits (inf - inf is a negative
                     # NaN): one NaN on both sides, as DuckDB's joins and 'in' match them
@@ -669,6 +684,11 @@ def _kind_of_type(t: pa.DataType | None) -> str | None:
     if pa.types.is_decimal(t):
         return "decimal"
     return "int" if pa.types.is_integer(t) else None
+
+
+def _int_to_float(e: Any) -> Any:
+    """An integer expression as float64, rounded to the nearest double (past 2^53 too)."""
+    return e.cast(pa.float64(), safe=False)
 
 
 def _decimal_to_float(e: Any) -> Any:

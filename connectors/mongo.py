@@ -154,6 +154,10 @@ class LikeTooComplex(NotTranslatable):
         self.prefilter = prefilter
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float | decimal.Decimal) and not isinstance(v, bool)
+
+
 class _Translator:
     def __init__(
         self, src: MongoSource, params: Mapping[str, Any], now: dt.datetime, probe: bool = False
@@ -207,10 +211,20 @@ class _Translator:
             raise NotTranslatable(f"a comparison with NaN ({name} {op} NaN) orders as DuckDB's")
         if op == "!=":
             return {name: {"$nin": [v, None]}}
-        if op == "=" and _plain_scalar(v):
+        floating = pa.types.is_floating(self.src._fields[name].type)
+        if floating and _number(v):
+            # the fabric compares the double it reads (a long 2^53 + 1, a Decimal128
+            # 3.5000000000000001 read as 2^53, 3.5) with the constant as a double; the
+            # server compares what it holds exactly: send a range one ulp wider each way
+            fv = float(v)
+            lo, hi = math.nextafter(fv, -math.inf), math.nextafter(fv, math.inf)
+            bounds = {"=": {"$gte": lo, "$lte": hi}, ">=": {"$gte": lo}, "<=": {"$lte": hi}}
+            r: dict[str, Any] = {name: bounds.get(op, {_OPS[op]: fv})}
+        elif op == "=" and _plain_scalar(v):
             return {name: v}  # implicit equality: same meaning, and what index planners match
-        r: dict[str, Any] = {name: {_OPS[op]: v}}
-        if op in (">", ">=") and pa.types.is_floating(self.src._fields[name].type):
+        else:
+            r = {name: {_OPS[op]: v}}
+        if op in (">", ">=") and floating:
             # the fabric orders NaN above every number (DuckDB's order); the server, below
             # every one: add NaN (the rows are re-checked)
             r = {"$or": [r, {name: float("nan")}]}
@@ -274,6 +288,19 @@ class _Translator:
         if any(isinstance(v, dict | list) for v in values):
             raise NotTranslatable("'in' with objects")
         nonnull = [v for v in values if v is not None]
+        if not negated and pa.types.is_floating(self.src._fields[name].type):
+            nums = [float(v) for v in nonnull if _number(v)]
+            if any(math.isnan(v) for v in nums) or len(nums) < len(nonnull):
+                raise NotTranslatable(f"'in' of {name} with NaN or a non-number")
+            if not nums:
+                return NEVER
+            # as in cmp: the server compares exactly, the fabric in doubles (a long past
+            # 2^53, a Decimal128): each value widened by one ulp; a long list, its range
+            ranges = [(math.nextafter(v, -math.inf), math.nextafter(v, math.inf)) for v in nums]
+            if len(ranges) > 64:
+                ranges = [(min(lo for lo, _ in ranges), max(hi for _, hi in ranges))]
+            ors = [{name: {"$gte": lo, "$lte": hi}} for lo, hi in ranges]
+            return ors[0] if len(ors) == 1 else {"$or": ors}
         if not negated:
             return {name: {"$in": nonnull}}
         if len(nonnull) < len(values):
