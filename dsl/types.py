@@ -256,6 +256,9 @@ def _utc(v: dt.datetime) -> dt.datetime:
     return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
 
 
+_F32 = np.dtype(np.float32)
+
+
 def coerce_value(t: ValueType, v: Any, name: str) -> Any:
     """Check and normalize one session value; raises ValueError naming what was expected."""
     k = t.kind
@@ -389,6 +392,23 @@ def bind_session(
     values = values or {}
     if not types and not values:
         return {}
+    if len(values) == len(types):  # the common case, every value given and of its type
+        fast: dict[str, Any] = {}
+        try:
+            for name, t in types.items():
+                v = values[name]
+                fast[name] = (
+                    v  # a float32 vector of its size: what coerce_value returns, as it is
+                    if t.kind == "vector"
+                    and type(v) is np.ndarray
+                    and v.dtype is _F32
+                    and v.shape == (t.size,)
+                    else coerce_value(t, v, name)
+                )
+        except (KeyError, ValueError):
+            pass  # (the loop below says what is wrong)
+        else:
+            return fast
     where = f"binding '{binding}': " if binding else ""
     problems: list[Diagnostic] = []
     out: dict[str, Any] = {}

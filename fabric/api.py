@@ -344,7 +344,10 @@ class Fabric:
         """Run a binding with the agent's session values; returns a ``fabric.result.Result``.
         ``session_id`` names the agent's session in the traces and timelines
         (docs/tracing.md); without it, the one set by ``fabric.tracing.session(...)``."""
-        compiled = self.binding(name)
+        try:
+            compiled = self.bindings.get(name)  # (self.binding, one call less per query)
+        except LookupError as e:
+            raise UnknownBindingError(str(e)) from None
         params = compiled.bind(session)
         execute = _execute or _load_execute()
         if compiled.spec.cache is None:  # no semantic cache: run the plan, nothing around it

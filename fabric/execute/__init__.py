@@ -33,7 +33,6 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Mapping
 from functools import partial
 from itertools import chain
@@ -50,9 +49,21 @@ from dsl.ast import Binary, Column, Expr, InList, Literal, Param, Star
 from fabric import functions
 from fabric.execute import bounds as _bounds
 from fabric.execute import branch_keys as _branch_keys
-from fabric.execute import freshness as _fresh
+from fabric.execute import search as _search
 from fabric.execute import stages as _stages
 from fabric.execute.errors import QueryError
+from fabric.execute.plans import physical, plan_cache
+from fabric.execute.search import (
+    SearchRun,
+    answer_bytes,
+    check_freshness,
+    check_params,
+    ms3,
+    no_search,
+    search_shape,
+    unbound,
+)
+from fabric.execute.search import entry as _search_entry
 from fabric.execute.sql import Rel, SqlBuilder, UnresolvedColumn, quote, resolve, substitute
 from fabric.execute.sql import typed as _typed
 from fabric.physical import planner as _planner
@@ -88,9 +99,11 @@ from fabric.plan.nodes import (
 )
 from fabric.result import Result
 
-__all__ = ["QueryError", "execute"]
+__all__ = ["QueryError", "execute", "physical", "scan_pool"]
 
-DEFAULT_TIMEOUT = ScanRequest.timeout or 30.0
+_search_shape = search_shape  # (tests replace it to run every plan on the general path)
+
+DEFAULT_TIMEOUT = _search.TIMEOUT
 
 
 def execute(
@@ -112,7 +125,14 @@ def execute(
     ``version`` (the binding's content hash) label the run's spans when the catalog has a
     ``tracer`` (fabric.tracing); without one nothing is recorded."""
     pp = plan if isinstance(plan, PhysicalPlan) else physical(plan, catalog, binding)
-    run = _Run(pp, dict(params or {}), catalog, binding, analyze, now or utcnow(), allow_partial)
+    shape = None if analyze else _search_shape(pp)
+    run: _Run | SearchRun
+    if shape is not None:  # one nearest: search under a plain select (fabric.execute.search)
+        run = SearchRun(pp, shape, dict(params or {}), catalog, binding, now, allow_partial)
+    else:
+        run = _Run(
+            pp, dict(params or {}), catalog, binding, analyze, now or utcnow(), allow_partial
+        )
     tracer = getattr(catalog, "tracer", None)
     if tracer is None:
         return run.run()
@@ -149,132 +169,6 @@ def _forget_pool() -> None:  # a forked child has the pool object but not its th
 
 
 os.register_at_fork(after_in_child=_forget_pool)
-
-
-# ---------------------------------------------------------------- physical plans
-
-_physical_plans: dict[int, tuple[weakref.ref[Plan], int, PhysicalPlan]] = {}
-_physical_lock = threading.Lock()
-
-
-def physical(plan: Plan, catalog: Any, binding: str) -> PhysicalPlan:
-    """The physical plan of a logical ``plan``, built on first use and kept (in a table
-    here, not on the frozen node) while the plan object lives: callers that pass the same
-    logical plan again, like the compiler's physical plan, pay for planning once."""
-    hit = _physical_plans.get(id(plan))
-    if hit is not None and hit[0]() is plan and hit[1] == id(catalog):
-        return hit[2]
-    try:
-        pp = _planner.plan(plan, catalog)
-    except _planner.PlanningError as e:
-        raise QueryError(binding, e.message, hint=e.hint) from None
-    except PhysicalError as e:
-        raise QueryError(
-            binding, str(e), hint="this is a planner bug; report the binding"
-        ) from None
-    key = id(plan)
-
-    def forget(_: Any, plans: dict = _physical_plans, lock: Any = _physical_lock) -> None:
-        with lock:  # the module's globals may be gone at interpreter exit: bound here
-            entry = plans.get(key)
-            if entry is not None and entry[0]() is None:
-                del plans[key]
-
-    with _physical_lock:
-        _physical_plans[key] = (weakref.ref(plan, forget), id(catalog), pp)
-    return pp
-
-
-class _PlanCache:
-    """What the executor derives from a physical plan once, not per query: per plain
-    Project node, its input's column names, their positions, the output names and types,
-    and whether that output is the plan's answer as declared (no ``_conform`` then)."""
-
-    __slots__ = ("exprmaps", "in_process", "names", "projects", "search")
-
-    def __init__(self) -> None:
-        self.projects: dict[
-            int, tuple[list[str], list[int] | None, list[str], list[Any], bool]
-        ] = {}
-        # per node (by id, the plan keeps its nodes alive): ``_planner.exprmap`` of it
-        self.exprmaps: dict[int, dict[Expr, str]] = {}
-        self.names: dict[int, list[str]] = {}  # and its schema's names
-        # per (catalog, unit alias): whether the unit's source scans in this process
-        self.in_process: dict[tuple[int, str], bool] = {}
-        self.search: _SearchShape | bool | None = False  # False: not looked at yet
-
-
-class _SearchShape:
-    """A plan that is one ``nearest:`` search run inline under a select of plain columns
-    (a ``nearest:`` binding without order / limit / derived columns): ``_Run.run_search``
-    runs it without the general scheduler -- one search, then one select-and-rename of
-    its columns straight from the search's table (no intermediate ``alias.column``
-    table). ``picked`` is the last schema of the search's answer and the positions to
-    select from it (the same resolution as ``_plain_project``'s), their types checked: an
-    answer of that schema (one ``equals``, a pointer test when the source keeps its
-    schema object, as ``Dataset._hits`` does) takes them as they are."""
-
-    __slots__ = ("alias", "columns", "leaf", "out_names", "picked", "project", "root_ok", "types")
-
-    def __init__(self, alias: str, leaf: VectorSearch, project: Project, root_ok: bool):
-        self.alias, self.leaf, self.project, self.root_ok = alias, leaf, project, root_ok
-        self.out_names = [n for n, _, _ in project.items]
-        self.types = [t for _, _, t in project.items]
-        self.columns = [e for _, e, _ in project.items if isinstance(e, Column)]
-        self.picked: tuple[pa.Schema, list[int]] | None = None
-
-
-def _search_shape(pp: PhysicalPlan) -> _SearchShape | None:
-    """``pp``'s ``_SearchShape`` (looked at once per plan), None if it has another shape."""
-    cache = _plan_cache(pp)
-    shape = cache.search
-    if shape is False:
-        shape = cache.search = _find_search_shape(pp)
-    return shape  # type: ignore[return-value]
-
-
-def _find_search_shape(pp: PhysicalPlan) -> _SearchShape | None:
-    root = pp.root
-    if not isinstance(root, PyArrowStep) or not isinstance(root.input, SourceUnit):
-        return None
-    node, unit = root.logical, root.input
-    if len(pp.order) != 1 or unit.placement != "inline" or unit.chain or unit.deps:
-        return None
-    leaf = unit.leaf
-    if not isinstance(leaf, VectorSearch) or leaf.text is not None or leaf.fusion is not None:
-        return None
-    if leaf.query is None or leaf.column is None or unit.requires:
-        return None
-    if not isinstance(node, Project) or node.input is not leaf or _planner.exprmap(leaf):
-        return None
-    if not all(isinstance(e, Column) for _, e, _ in node.items):
-        return None
-    schema = pp.schema
-    out = ([n for n, _, _ in node.items], [t for _, _, t in node.items])
-    return _SearchShape(unit.alias, leaf, node, (schema.names, schema.types) == out)
-
-
-_plan_caches: dict[int, tuple[weakref.ref[PhysicalPlan], _PlanCache]] = {}
-
-
-def _plan_cache(pp: PhysicalPlan) -> _PlanCache:
-    """The ``_PlanCache`` of ``pp`` while it lives (keyed by identity, checked through a
-    weak reference: a new plan at a freed plan's address gets a new cache)."""
-    hit = _plan_caches.get(id(pp))
-    if hit is not None and hit[0]() is pp:
-        return hit[1]
-    cache = _PlanCache()
-    key = id(pp)
-
-    def forget(_: Any, caches: dict = _plan_caches, lock: Any = _physical_lock) -> None:
-        with lock:
-            entry = caches.get(key)
-            if entry is not None and entry[0]() is None:
-                del caches[key]
-
-    with _physical_lock:
-        _plan_caches[key] = (weakref.ref(pp, forget), cache)
-    return cache
 
 
 _UNARY = (Filter, Derive, Project, Sort, Limit)
@@ -329,22 +223,11 @@ class _Run:
     def run(self) -> Result:
         t0 = time.perf_counter()
         if not self.pp.params <= self.params.keys():  # (bound by the caller: checked once)
-            missing = sorted(
-                p for p in self.pp.params.difference(self.params) if not p.startswith("stage:")
-            )
-            if missing:
-                raise QueryError(
-                    self.binding,
-                    f"session value(s) {', '.join(repr(m) for m in missing)} not bound",
-                    hint=f"pass session={{{', '.join(repr(m) + ': ...' for m in missing)}}}",
-                )
+            check_params(self.pp, self.params, self.binding)
         self.deadline = time.monotonic() + self.timeout * (1 + self.pp.depth)
         order = self.pp.order
         root = self.pp.root
-        shape = None if self.analyze else _search_shape(self.pp)
-        if shape is not None:
-            table = self._run_search(shape)
-        elif isinstance(root, StagesFirst):
+        if isinstance(root, StagesFirst):
             try:
                 table = self._run_stages(root)
             finally:
@@ -363,16 +246,20 @@ class _Run:
                 self._cancelled = True  # units not yet started never start
                 for fut in (*self.futures.values(), *self._inner):
                     fut.cancel()
+        return self.finish(table, t0)
+
+    def finish(self, table: pa.Table, t0: float) -> Result:
+        """The ``Result`` of the answer ``table`` of a run started at ``t0``."""
         if table is not self.conformed:
             table = _conform(table, self.pp.schema)
         total_ms = (time.perf_counter() - t0) * 1000
         stats = {
             "sources": self.sources,
             "operators": [
-                {"op": s["op"], "rows": s.get("rows"), "time_ms": round(s.get("time_ms", 0.0), 3)}
+                {"op": s["op"], "rows": s.get("rows"), "time_ms": ms3(s.get("time_ms", 0.0))}
                 for s in self.node_stats.values()
             ],
-            "total_ms": round(total_ms, 3),
+            "total_ms": ms3(total_ms),
             "rows_fetched": sum(s.get("rows", 0) for s in self.sources.values()),
             "bytes_fetched": sum(s.get("bytes", 0) for s in self.sources.values()),
         }
@@ -440,50 +327,7 @@ class _Run:
             start_ready()
         return self._run(root.input)
 
-    def _run_search(self, shape: _SearchShape) -> pa.Table:
-        """The plan of ``shape``: ``_run_inline`` of its unit then ``_run`` of the root,
-        with the same stats, freshness and checks, but the select taken straight from the
-        search's table; a failed source (``allow_partial``), a timeout or an answer of
-        other types goes through the general path from where it is."""
-        alias, leaf = shape.alias, shape.leaf
-        t_unit = time.monotonic()
-        try:
-            source = self.catalog.source(leaf.uri)
-        except Exception as e:  # down, unknown connection, dropped table...
-            return self._run_from(alias, self._fail(alias, leaf.uri, e))
-        if leaf.freshness is not None:  # a bound to enforce: check before reading
-            self._check_freshness(alias, leaf, source)
-        t0 = time.perf_counter()
-        try:
-            table = self._search(alias, leaf, source, rename=False)
-        except _SourceFailed as e:
-            return self._run_from(alias, self._fail(alias, leaf.uri, e.cause))
-        self._record(leaf, table.num_rows, t0)
-        if leaf.freshness is None:  # nothing to enforce: report the freshness as read
-            self._check_freshness(alias, leaf, source)
-        if time.monotonic() - t_unit > self.timeout:
-            return self._run_from(alias, self._timed_out(alias))
-        t0 = time.perf_counter()
-        schema = table.schema
-        picked = shape.picked
-        if picked is not None and schema.equals(picked[0]):
-            out = table.select(picked[1]).rename_columns(shape.out_names)
-        else:
-            prefixed = [f"{alias}.{n}" for n in schema.names]
-            try:
-                cols = [prefixed.index(resolve(c, prefixed, {})) for c in shape.columns]
-            except UnresolvedColumn:  # the general path says which column is missing
-                return self._run_from(alias, self._prefixed(alias, table))
-            out = table.select(cols).rename_columns(shape.out_names)
-            if out.schema.types != shape.types:
-                return self._run_from(alias, self._prefixed(alias, table))
-            shape.picked = (schema, cols)  # one assignment: concurrent runs see either
-        if shape.root_ok:
-            self.conformed = out
-        self._record(shape.project, out.num_rows, t0)
-        return out
-
-    def _run_from(self, alias: str, table: pa.Table) -> pa.Table:
+    def run_from(self, alias: str, table: pa.Table) -> pa.Table:
         """The rest of the plan after its unit ``alias`` gave ``table`` (general path)."""
         self.done[alias] = table
         return self._run(self.pp.root)
@@ -531,7 +375,7 @@ class _Run:
             d.add_done_callback(dep_done)
 
     def _in_process(self, alias: str) -> bool:
-        known = _plan_cache(self.pp).in_process
+        known = plan_cache(self.pp).in_process
         key = (id(self.catalog), alias)
         hit = known.get(key)
         if hit is None:
@@ -541,7 +385,7 @@ class _Run:
     def _names(self, node: Plan) -> list[str]:
         """``node.schema.names``, once per node of the plan (a StageRef builds its schema
         anew on every call)."""
-        known = _plan_cache(self.pp).names
+        known = plan_cache(self.pp).names
         hit = known.get(id(node))
         if hit is None:
             hit = known[id(node)] = node.schema.names
@@ -550,7 +394,7 @@ class _Run:
     def _exprmap(self, node: Plan) -> dict[Expr, str]:
         """``_planner.exprmap(node)``, once per node of the plan (it walks down to the
         Project or Aggregate below: a dict built per node and query otherwise)."""
-        known = _plan_cache(self.pp).exprmaps
+        known = plan_cache(self.pp).exprmaps
         hit = known.get(id(node))
         if hit is None:
             hit = known[id(node)] = _planner.exprmap(node)
@@ -596,7 +440,7 @@ class _Run:
         except Exception as e:  # down, unknown connection, dropped table...
             return self._fail(alias, leaf.uri, e)
         if leaf.freshness is not None:  # a bound to enforce: check before reading
-            self._check_freshness(alias, leaf, source)
+            check_freshness(self, alias, leaf, source)
         t0 = time.perf_counter()
         try:
             if isinstance(leaf, Scan):
@@ -607,7 +451,7 @@ class _Run:
             return self._fail(alias, leaf.uri, e.cause)
         self._record(leaf, table.num_rows, t0 + self._dep_wait.get(alias, 0.0))
         if leaf.freshness is None:  # nothing to enforce: report the freshness as read
-            self._check_freshness(alias, leaf, source)
+            check_freshness(self, alias, leaf, source)
         for node, engine in reversed(tuple(zip(unit.chain, unit.engines))) if unit.chain else ():
             t0 = time.perf_counter()
             if engine == "duckdb":
@@ -618,21 +462,6 @@ class _Run:
                 node, table.num_rows, t0, engine="duckdb" if engine == "duckdb" else "arrow"
             )
         return table
-
-    def _check_freshness(self, alias: str, leaf: Any, source: Any) -> None:
-        w0 = time.perf_counter()
-        try:
-            info, waited = _fresh.check(
-                self.catalog, source, leaf.uri, alias, leaf.freshness, self.binding
-            )
-        except QueryError:  # stale (fail), or still stale after waiting: the wait is kept
-            self.waits[alias] = (w0, time.perf_counter())
-            raise
-        with self._lock:
-            self.freshness[alias] = info
-            self.waited += waited
-            if waited:
-                self.waits[alias] = (w0, time.perf_counter())
 
     def _fail(self, alias: str, uri: str, e: Exception) -> pa.Table:
         if self.allow_partial:
@@ -798,7 +627,7 @@ class _Run:
             "rows": rows,
             "bytes": nbytes,
             "batches": batches,
-            "time_ms": round(ms, 3),
+            "time_ms": ms3(ms),
             "estimated_rows": scan.estimated_rows,
             "exact": list(text["exact"]),
             "inexact": list(text["inexact"]),
@@ -810,18 +639,11 @@ class _Run:
         with self._lock:
             self.sources[alias] = entry
 
-    def _search(self, alias: str, vs: VectorSearch, source: Any, rename: bool = True) -> pa.Table:
-        """The search's rows (``rename``: as ``alias.column``; else as the source named
-        them, for ``_run_search``'s select) and its stats entry."""
+    def _search(self, alias: str, vs: VectorSearch, source: Any) -> pa.Table:
+        """The search's rows as ``alias.column`` and its stats entry."""
         search = getattr(source, "search", None)
         if not callable(search):
-            raise QueryError(
-                self.binding,
-                "nearest: needs an indexed dataset source with search()",
-                alias=alias,
-                uri=vs.uri,
-                hint="declare the source under datasets: with a vector index",
-            )
+            raise no_search(self.binding, alias, vs)
         t0 = time.perf_counter()
         try:
             if vs.text is not None or vs.fusion is not None:  # search: / rank:
@@ -842,24 +664,20 @@ class _Run:
         except Exception as e:
             raise _SourceFailed(e) from e
         ms = (time.perf_counter() - t0) * 1000
-        if rename:
-            table = self._prefixed(alias, table)
         text = self.units[alias].text
-        entry = {
-            "uri": vs.uri,
-            "rows": table.num_rows,
-            "bytes": table.get_total_buffer_size(),  # fresh arrays: nbytes is 50x slower
-            "batches": 1,
-            "time_ms": round(ms, 3),
-            "estimated_rows": vs.rows_out,
-            "filters": list(text["filters"]),
-            "residual": list(text["residual"]),
-            "strategy": getattr(info, "executed", None) or getattr(info, "chosen", None),
-            # exact | graph (the walk held the filtered top-k) | unverified: <why>
-            "guarantee": getattr(info, "guarantee", None),
-        }
-        if self.analyze:  # the rendered retrieval explain only when asked for
-            entry["search"] = str(info)
+        ranked = vs.text is not None or vs.fusion is not None  # (its buffers, bitmaps too)
+        entry = _search_entry(
+            vs,
+            table.num_rows,
+            table.get_total_buffer_size() if ranked else answer_bytes(table),
+            info,
+            ms,
+            text["filters"],
+            text["residual"],
+            vs.rows_out,
+            self.analyze,
+        )
+        table = self._prefixed(alias, table)
         with self._lock:
             self.infos[alias] = info
             self.sources[alias] = entry
@@ -895,11 +713,7 @@ class _Run:
 
     def _constant(self, e: Expr) -> Any:
         if isinstance(e, Param) and e.name not in self.params:
-            raise QueryError(
-                self.binding,
-                f"session value {e.name!r} is not bound",
-                hint=f"pass session={{'{e.name}': ...}}",
-            )
+            raise unbound(self.binding, e.name)
         return eval_constant(e, self.params, self.now)
 
     # ------------------------------------------------------------ above the units (main thread)
@@ -1057,7 +871,7 @@ class _Run:
         per-expression evaluation). The column positions are resolved once per plan and
         input column names (``_PlanCache``); None: evaluate the items instead."""
         names = table.schema.names
-        cache = _plan_cache(self.pp).projects
+        cache = plan_cache(self.pp).projects
         hit = cache.get(id(node))
         if hit is None or hit[0] != names:
             cols = None
