@@ -223,14 +223,6 @@ def _same(a: Any, b: Any) -> bool:
     )
 
 
-#: the executor's Sort and Aggregate (fabric/execute, helper S's) still call pyarrow's
-#: sort and hash grouping; the fix is connectors.arrow_expr.sort_indices and
-#: canonical_floats there (patch handed over: /tmp/T/execute_nan.patch)
-EXECUTOR = pytest.mark.xfail(
-    strict=True,
-    reason="the executor's Sort / Aggregate use pyarrow's NaN order and -0.0 / NaN-bits "
-    "grouping (fix: arrow_expr.sort_indices / canonical_floats in fabric/execute, reported)",
-)
 ORDERS = [
     ("x.f", None),
     ("x.f desc", None),
@@ -245,19 +237,9 @@ ORDERS = [
     ("x.k, x.f desc", 3),
     ("x.k desc, x.f", 3),
 ]
-SORTED_BY_EXECUTOR = {
-    ("x.f desc", None),
-    ("x.f nulls first", None),
-    ("x.k, x.f desc", None),
-    ("x.f desc", 3),
-    ("x.k, x.f desc", 3),
-}
 
 
-@pytest.mark.parametrize(
-    "order,limit",
-    [pytest.param(*o, marks=EXECUTOR) if o in SORTED_BY_EXECUTOR else o for o in ORDERS],
-)
+@pytest.mark.parametrize("order,limit", ORDERS)
 def test_order_by_a_float_puts_nan_where_duckdb_does(order: str, limit: int | None) -> None:
     """DuckDB orders NaN above every number: first in a descending order. pyarrow's
     sort put NaN last in both directions, so order_by: f desc, limit: 3 answered
@@ -273,7 +255,6 @@ def test_order_by_a_float_puts_nan_where_duckdb_does(order: str, limit: int | No
     assert len(got) == len(want) and all(map(_same, got, want)), (got, want)
 
 
-@EXECUTOR
 def test_group_by_a_float_puts_zero_and_minus_zero_in_one_group() -> None:
     """-0.0 = 0.0 in SQL, and DuckDB groups them as one key; pyarrow's hash grouping
     made two groups of them (one row each where DuckDB counts 2)."""
@@ -313,7 +294,6 @@ def _run_on(table: pa.Table, yaml: str, params: dict[str, Any] | None = None) ->
     return execute(plan, params or {}, cat, binding=spec.name, now=world.NOW).table
 
 
-@EXECUTOR
 def test_nans_of_other_bits_are_one_group_and_one_distinct_value() -> None:
     """pyarrow's hash grouping made a group of each NaN bit pattern (NaN 1, NaN 2 where
     DuckDB counts NaN 3), and count(distinct) counted each."""

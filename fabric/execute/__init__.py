@@ -43,7 +43,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors._util import BadValueError
-from connectors.arrow_expr import NotTranslatable, eval_constant, utcnow
+from connectors.arrow_expr import (
+    NotTranslatable,
+    canonical_floats,
+    eval_constant,
+    sort_indices,
+    utcnow,
+)
 from connectors.base import ScanRequest, SourceError
 from dsl.ast import Binary, Column, Expr, InList, Literal, Param, Star
 from fabric import functions
@@ -810,7 +816,7 @@ class _Run:
                     if order is not None:  # (rows already in order, as a search's are: as is)
                         same = order == list(range(len(order)))
                         return table if same else table.take(np.array(order, np.int64))
-                return table.take(pc.sort_indices(keyed, sort_keys=sort_keys))
+                return table.take(sort_indices(keyed, sort_keys))  # NaN as DuckDB orders it
             if isinstance(node, Limit):
                 return table.slice(node.offset, node.n)
             if isinstance(node, Aggregate):
@@ -843,6 +849,9 @@ class _Run:
             aggs.append((name, call.name))
         if not all(isinstance(c, pa.ChunkedArray | pa.Array) for c in cols.values()):
             raise _NotInArrow("a constant argument")
+        for c in [*keys, *(a for a, fn in aggs if fn == "count_distinct")]:
+            if pa.types.is_floating(cols[c].type):  # DuckDB's groups: one NaN, -0.0 = 0.0
+                cols[c] = canonical_floats(cols[c])
         got = None
         if table.num_rows <= SMALL_ROWS:  # None: a type or a NaN it leaves
             got = _small_aggregate(keys, aggs, cols, table.num_rows)
