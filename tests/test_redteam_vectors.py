@@ -5,7 +5,10 @@ query side refuses one: 'the query vector contains NaN or infinite values'). In 
 graph such rows break the walk for every other row: with 5% of 4,000 rows NaN, the graph
 search's top 10 held 0.4 of the true 10 nearest finite rows on average (recall 0.04;
 1.0 without them), and with an infinity under cosine 0.024; no error, no warning. Now the
-upsert is refused, naming the keys.
+upsert is refused, naming the keys. Likewise a NaN in a B-tree indexed float column: the
+B-tree answered ``f > 1`` with [3, 7, 8] where DuckDB answers [0, 1, 3, 7, 8] (the row
+of 1.5 missed) and ``f != 1.5`` kept the row of 1.5; it is refused (without the B-tree,
+the same filters give DuckDB's rows).
 
 Held (kept as tests): the last of duplicate keys in one batch wins; an upserted key's old
 vector is no longer found by any strategy; a zero vector under l2 / ip and finite
@@ -154,3 +157,60 @@ def test_duplicates_in_a_batch_and_replaced_keys_as_numpy(metric: str, backgroun
                     assert np.array_equal(vec, rows[i].astype(np.float32)), (i, strategy)
     finally:
         ds.close()
+
+
+NAN = float("nan")
+FLOATS = [1.5, NAN, None, float("inf"), -float("inf"), -0.0, 0.0, 2.0, NAN, -1.0]
+WHERE = [
+    "f > 1",
+    "f >= 1.5",
+    "f < 3",
+    "f != 1.5",
+    "f between 1 and 3",
+    "not (f > 1)",
+    "f = 0",
+    "f > -0.0",
+    "f is null",
+    "f in (0, 2)",
+]
+
+
+def _floats_table() -> pa.Table:
+    return pa.table({"id": pa.array(range(len(FLOATS)), pa.int64()), "f": pa.array(FLOATS)})
+
+
+def test_a_nan_in_a_btree_float_column_is_refused_naming_its_keys() -> None:
+    """On the old code the B-tree took NaN and answered f > 1 with [3, 7, 8] where DuckDB
+    answers [0, 1, 3, 7, 8] (1.5 missed, one NaN of two), f != 1.5 kept the row of 1.5."""
+    t = _floats_table()
+    ds = Dataset("rt_bt", t.schema, "id", {"f": "btree"}, background_fold=False)
+    with pytest.raises(
+        DatasetError, match=r"'f' has a B-tree index and NaN in 2 row\(s\), key\(s\) \[1, 8\]"
+    ):
+        ds.upsert(t)
+    assert ds.count() == 0
+    ds.upsert(t.filter(pa.compute.invert(pa.compute.fill_null(pa.compute.is_nan(t["f"]), False))))
+    _same_rows_as_duckdb(
+        ds, t.filter(pa.compute.invert(pa.compute.fill_null(pa.compute.is_nan(t["f"]), False)))
+    )
+
+
+def test_a_float_column_without_a_btree_filters_nan_as_duckdb() -> None:
+    t = _floats_table()
+    ds = Dataset("rt_nobt", t.schema, "id", {}, background_fold=False)
+    ds.upsert(t)
+    _same_rows_as_duckdb(ds, t)
+
+
+def _same_rows_as_duckdb(ds: Dataset, t: pa.Table) -> None:
+    import duckdb
+
+    from dsl.parser import parse_expr
+
+    con = duckdb.connect()
+    con.register("t", t)
+    for w in WHERE:
+        rowids = np.array(sorted(ds.filter_rows(parse_expr(w))), np.int64)
+        got = sorted(ds.rows(rowids, ["id"])["id"].to_pylist())
+        want = sorted(r[0] for r in con.sql(f"SELECT id FROM t WHERE {w}").fetchall())
+        assert got == want, w
