@@ -28,6 +28,7 @@ from fabric.optimizer.push_exists import push_exists
 from fabric.optimizer.push_filters import push_filters
 from fabric.optimizer.push_limit import push_limit
 from fabric.optimizer.push_projection import push_projection
+from fabric.optimizer.reverse_full_keys import reverse_full_keys
 from fabric.optimizer.semijoin_reduce import semijoin_reduce
 from fabric.optimizer.stage_keys import stage_keys
 from fabric.plan.nodes import Plan
@@ -45,6 +46,7 @@ RULES: tuple[Rule, ...] = (
     stage_keys,
     semijoin_reduce,
     backward_keys,
+    reverse_full_keys,
     push_aggregate,
     push_projection,
     push_limit,

@@ -60,11 +60,13 @@ from fabric.optimizer._util import (
 )
 from fabric.optimizer.cardinality import Estimator
 from fabric.optimizer.push_projection import push_projection
+from fabric.optimizer.reverse_full_keys import whole_keys
 from fabric.optimizer.semijoin_reduce import (
     KEYS,
     KeyScanFilter,
     _stage_free,
     all_scans,
+    map_dynamic,
     reaches,
     unit_deps,
 )
@@ -137,6 +139,9 @@ def _pays(est: Estimator, t: Scan, x_scan: Scan) -> bool:
     ``o_orderdate < {{session.date}}`` and ``l_shipdate > {{session.date}}``: the
     orders kept are those just before the date, whose lines ship just after it), which
     the independent selectivities of the estimates cannot see."""
+    others = [d for d in t.dynamic if d.provider not in (None, x_scan.alias)]
+    if not (t.exact or t.inexact or any(not whole_keys(est, d) for d in others)):
+        return False  # nothing but x's own keys cuts t: it keeps every one of them
     mine = _params(x_scan)
     if mine & _params(t):
         return True
@@ -253,7 +258,7 @@ def _flip(
             prescan=prescan,
         )
 
-    out = _rewrite(root, redirect)
+    out = map_dynamic(root, redirect)
     x_now = next(s for s in out.scans() if s.alias == x)
     return replace_node(
         out, x_now, dataclasses.replace(x_now, dynamic=(*x_now.dynamic, *new_filters))
@@ -275,37 +280,6 @@ def _keyed_by(catalog: Any, x_scan: Scan, column: str, t_expr: Expr) -> DynamicF
         ask_filter(catalog, x_scan.uri, c) in (Pushdown.EXACT, Pushdown.INEXACT) for c in (lo, hi)
     )
     return DynamicFilter(column, t_expr, MAX_KEYS, ranged)
-
-
-def _rewrite(root: Plan, fn: Any) -> Plan:
-    """``root`` with ``fn`` applied to every dynamic filter of every scan, key-only
-    pre-scans (nested in dynamic filters) included."""
-    memo: dict[int, Scan] = {}
-
-    def scan(s: Scan) -> Scan:
-        if id(s) in memo:
-            return memo[id(s)]
-        dyn = []
-        for d in s.dynamic:
-            if isinstance(d, KeyScanFilter) and d.prescan is not None:
-                new_pre = scan(d.prescan)
-                if new_pre is not d.prescan:
-                    d = dataclasses.replace(d, prescan=new_pre)
-            dyn.append(fn(d))
-        out = (
-            s
-            if all(a is b for a, b in zip(dyn, s.dynamic))
-            else dataclasses.replace(s, dynamic=tuple(dyn))
-        )
-        memo[id(s)] = out
-        return out
-
-    out = root
-    for s in root.scans():
-        new = scan(s)
-        if new is not s:
-            out = replace_node(out, s, new)
-    return out
 
 
 def _fresh(base: str, deps: dict[str, set[str]]) -> str:

@@ -94,6 +94,36 @@ def all_scans(plan: Plan) -> list[Scan]:
     return out
 
 
+def map_dynamic(root: Plan, fn: Any) -> Plan:
+    """``root`` with ``fn`` applied to every dynamic filter of every scan, key-only
+    pre-scans (nested in dynamic filters) included; ``fn`` returning None drops it."""
+    memo: dict[int, Scan] = {}
+
+    def scan(s: Scan) -> Scan:
+        if id(s) in memo:
+            return memo[id(s)]
+        dyn = []
+        for d in s.dynamic:
+            if isinstance(d, KeyScanFilter) and d.prescan is not None:
+                new_pre = scan(d.prescan)
+                if new_pre is not d.prescan:
+                    d = dataclasses.replace(d, prescan=new_pre)
+            e = fn(d)
+            if e is not None:
+                dyn.append(e)
+        same = len(dyn) == len(s.dynamic) and all(a is b for a, b in zip(dyn, s.dynamic))
+        out = s if same else dataclasses.replace(s, dynamic=tuple(dyn))
+        memo[id(s)] = out
+        return out
+
+    out = root
+    for s in root.scans():
+        new = scan(s)
+        if new is not s:
+            out = replace_node(out, s, new)
+    return out
+
+
 def unit_deps(plan: Plan) -> dict[str, set[str]]:
     """alias -> the aliases of the units its dynamic filters wait for (pre-scans too)."""
     return {s.alias: {d.provider for d in s.dynamic if d.provider} for s in all_scans(plan)}
