@@ -405,7 +405,12 @@ def to_arrow(
         na = _nan_test(ea, ka)
         if vb is not _NOT_CONSTANT:
             if not nan_b:  # NaN is never below a number, and above every one
-                return plain | na if op in (">", ">=") else plain
+                if ka in ("int", "decimal"):
+                    return plain
+                # NaN-ness stated either way, not left to IEEE: a Parquet row group's
+                # statistics leave NaN out, and pyarrow pruned by them the group of
+                # [0.5, NaN, 2.0] for not (v < 3), as if no value of it could pass
+                return plain | na if op in (">", ">=", "!=") else plain & ~na
             # x op NaN: true or false by x's NaN-ness; null for a null x
             return {
                 "=": na,

@@ -384,7 +384,19 @@ class S3Source(Source):
         # Filters on zoneless file timestamps (read as UTC) cannot use the files' statistics:
         # pyarrow would compare them with the raw column. They run on the scanned batches.
         post = [f for f in request.filters if {c.name for c in f.columns()} & self._naive_ts]
-        pred = and_all([f for f in request.filters if f not in post])
+        # Filters on float columns of Parquet files neither: the statistics leave NaN out
+        # of a row group's min / max, and pyarrow pruned (or, min = max = 1.0, rewrote
+        # v to 1.0) the group of [0.5, NaN, 2.0] for not (v < 3), dropping the NaN row.
+        # One that no NaN passes (v < 3, v = 2, v between 1 and 2) may still prune.
+        floats = {f.name for f in schema if pa.types.is_floating(f.type)}
+        prune = []
+        if self.format == "parquet" and floats:
+            for f in request.filters:
+                if f not in post and {c.name for c in f.columns()} & floats:
+                    post.append(f)
+                    if _false_for_nan(f, floats, params):
+                        prune.append(f)
+        pred = and_all([f for f in request.filters if f not in post] + prune)
         expr = to_arrow(pred, params, now=utcnow(), schema=schema) if pred is not None else None
         read = list(dict.fromkeys([*cols, *sorted(c.name for f in post for c in f.columns())]))
         stats = request.metrics  # this scan's own: the source is shared by concurrent queries
@@ -495,6 +507,44 @@ class S3Source(Source):
             yield pa.RecordBatch.from_pylist([], schema=table.schema)
             return
         yield from table.to_batches(max_chunksize=request.batch_size)
+
+
+def _false_for_nan(e: Expr, floats: set[str], params: Mapping[str, Any]) -> bool:
+    """Whether ``e`` is a float column's comparison that no NaN passes (NaN is above every
+    number): ``v < c``, ``v <= c``, ``v = c``, ``v between a and b``, ``v in (...)`` with
+    constants that are not NaN, so pruning row groups by their range drops no row it keeps."""
+    import math
+
+    from connectors.arrow_expr import eval_constant, is_constant
+    from dsl.ast import Between, Binary, Column, InList, Param
+
+    def const_ok(x: Any) -> bool:
+        if not is_constant(x):
+            return False
+        try:
+            v = eval_constant(x, params)
+        except Exception:
+            return False
+        return not (isinstance(v, float) and math.isnan(v))
+
+    def float_col(x: Any) -> bool:
+        return isinstance(x, Column) and x.name in floats
+
+    flip = {"<": ">", "<=": ">=", "=": "=", ">": "<", ">=": "<="}
+    if isinstance(e, Binary) and e.op in flip:
+        if float_col(e.left) and const_ok(e.right):
+            return e.op in ("<", "<=", "=")
+        if float_col(e.right) and const_ok(e.left):
+            return flip[e.op] in ("<", "<=", "=")
+        return False
+    if isinstance(e, Between) and not e.negated:
+        return float_col(e.expr) and const_ok(e.low) and const_ok(e.high)
+    if isinstance(e, InList) and not e.negated and float_col(e.expr):
+        if isinstance(e.items, Param):
+            values = list(params.get(e.items.name) or [])
+            return all(not (isinstance(v, float) and math.isnan(v)) for v in values)
+        return all(const_ok(i) for i in e.items)
+    return False
 
 
 def _utc(v: Any) -> Any:
