@@ -78,11 +78,16 @@ class CostModel:
         """Fixed (Python) cost of running ``strategy`` once, beyond its modelled work."""
         return self.overheads.get(strategy, self.overhead_ms)
 
-    def exact_ms(self, rows: int, dim: int, contiguous: bool, k: int = 10) -> float:
+    def exact_ms(
+        self, rows: int, dim: int, contiguous: bool, k: int = 10, first_pass: bool = True
+    ) -> float:
         """Exact top-k over ``rows`` rows: one contiguous pass, or a gather (the cheaper of
-        gathering every row and the 8-bit first pass, as ``retrieval.exact_on`` picks)."""
+        gathering every row and, with ``first_pass``, the 8-bit first pass, as
+        ``retrieval.exact_on`` picks)."""
         if contiguous:
             return rows * (self.contig_ns_per_dim * dim + self.topk_ns_per_row) * 1e-6
+        if not first_pass:
+            return self.gather_ms(rows, dim)
         return min(self.gather_ms(rows, dim), self.first_pass_cost_ms(rows, dim, k))
 
     def gather_ms(self, rows: int, dim: int) -> float:

@@ -93,6 +93,7 @@ MATERIALIZE_FRACTION = (
     0.25  # compute the exact candidate set when its upper bound is below this share
 )
 SCALE_ALPHA = 0.1  # weight of the newest run in a strategy's cost scale
+FIRST_PASS_SCALE = "prefilter+8bit"  # the learned scale of a pre-filter's 8-bit first pass
 SCALE_BOUNDS = (0.25, 5.0)
 
 
@@ -104,6 +105,9 @@ class Alternative:
     base_ms: float = 0.0  # the strategy's own modelled work, before learned scales
     # what the strategy's run needs from its planning (the partition plan), if anything
     plan: Any = field(default=None, repr=False, compare=False)
+    # the learned cost scale this estimate used and its run teaches (default: the
+    # strategy's name; a pre-filter through the 8-bit first pass has its own)
+    scale_key: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         return f"{self.strategy:<10} est {self.cost_ms:8.3f} ms  {self.detail}"
@@ -293,7 +297,7 @@ def _first_pass_wins(rows: int, dim: int, k: int, cm: CostModel) -> bool:
 
 def _contiguous_wins(span: int, rows: int, dim: int, k: int, cm: CostModel) -> bool:
     """One pass over ``span`` contiguous rows costs no more than gathering ``rows``."""
-    return cm.exact_ms(span, dim, True) <= cm.exact_ms(rows, dim, False, k)
+    return cm.exact_ms(span, dim, True) <= cm.exact_ms(rows, dim, False, k, quantized.ENABLED)
 
 
 def candidates_of(ds: Any, pred: Pred) -> BitMap:
@@ -520,13 +524,19 @@ class SearchContext:
         if self.cand is not None:
             return min(
                 whole,
-                cm.exact_ms(self.cand.range_cardinality(vi.folded, vi.n), vi.dim, False, self.k),
+                cm.exact_ms(
+                    self.cand.range_cardinality(vi.folded, vi.n),
+                    vi.dim,
+                    False,
+                    self.k,
+                    quantized.ENABLED,
+                ),
             )
         if self.pred is not None:
             n, c = self.n, self.candidates
             hits = int(g * c / n) if n else g
             return materialize_ms(self.pred, cm, n, within=g) + min(
-                whole, cm.exact_ms(hits, vi.dim, False, self.k)
+                whole, cm.exact_ms(hits, vi.dim, False, self.k, quantized.ENABLED)
             )
         return whole
 
@@ -633,7 +643,7 @@ class SearchContext:
         if s is not None and ran is not None:
             a = self._costs.get(s)
             if a is not None and a.base_ms > 0:
-                cost = (a.strategy, ran / a.base_ms)
+                cost = (a.scale_key or a.strategy, ran / a.base_ms)
         return Feedback(
             key=info.feedback_key,
             model=self.cm,
@@ -710,18 +720,25 @@ class Prefilter(Strategy):
     def cost(self, ctx: SearchContext) -> Alternative:
         cm, c, mat = ctx.cm, ctx.candidates, ctx.materialize_ms
         dense = _dense(ctx.cand, cm, ctx.vi.dim, ctx.k)
-        pre = cm.fixed_ms(self.name) + mat + cm.exact_ms(c, ctx.vi.dim, dense, ctx.k)
+        pre = (
+            cm.fixed_ms(self.name)
+            + mat
+            + cm.exact_ms(c, ctx.vi.dim, dense, ctx.k, quantized.ENABLED)
+        )
+        # a first pass over ~20k rows is memory-bound, a small gather mostly Python: on a
+        # loaded machine they stray from their calibration by different factors, so each
+        # learns its own scale (one shared scale, pulled down by small gathers, kept
+        # choosing the first pass over a post-filter that was twice as fast at 10 %)
+        first = not dense and _first_pass_wins(c, ctx.vi.dim, ctx.k, cm)
+        key = FIRST_PASS_SCALE if first else self.name
         return Alternative(
             self.name,
-            pre * ctx.scale.get(self.name, 1.0),
+            pre * ctx.scale.get(key, 1.0),
             f"{c} candidates {'contiguous' if dense else 'gathered'}"
-            + (
-                " (8-bit first pass)"
-                if not dense and _first_pass_wins(c, ctx.vi.dim, ctx.k, cm)
-                else ""
-            )
+            + (" (8-bit first pass)" if first else "")
             + (f", build set {mat:.3f} ms" if mat else ""),
             pre,
+            scale_key=key,
         )
 
     def run(self, ctx: SearchContext) -> Hits:
@@ -1000,7 +1017,7 @@ def _partition_cost(
             if cand is not None
             else int(tail * ctx.candidates / max(n, 1))
         )
-        walk += cm.exact_ms(hits, vi.dim, False, ctx.k)
+        walk += cm.exact_ms(hits, vi.dim, False, ctx.k, quantized.ENABLED)
     return Alternative(
         "partition",
         cm.fixed_ms("partition") + walk,
