@@ -62,6 +62,9 @@ def is_constant(e: Expr) -> bool:
     return not e.columns() and not any(isinstance(x, Call) and x.is_aggregate for x in e.walk())
 
 
+_is_constant = is_constant  # (to_arrow memoizes it per node)
+
+
 def eval_constant(e: Expr, params: Mapping[str, Any], now: dt.datetime | None = None) -> Any:
     """Evaluate a column-free expression to a Python value."""
     if isinstance(e, Literal):
@@ -269,9 +272,23 @@ def to_arrow(
     instead (``decimal(15, 2) -4.77 = -4.77`` is false there). Without it, a comparison
     with a decimal or float constant is made in floats (exact for up to 15 digits)."""
     col = column or (lambda c: pc.field(*c.name.split(".")) if "." in c.name else pc.field(c.name))
+    # per node of this translation (each walks the tree): is_constant, kind
+    constants: dict[int, bool] = {}
+    kinds: dict[int, str | None] = {}
+
+    def is_constant(x: Expr) -> bool:
+        r = constants.get(id(x))
+        if r is None:
+            r = constants[id(x)] = _is_constant(x)
+        return r
 
     def kind(x: Expr) -> str | None:
         """'float', 'decimal', 'int' or None (not a number, or not known)."""
+        if id(x) not in kinds:
+            kinds[id(x)] = kind_of(x)
+        return kinds[id(x)]
+
+    def kind_of(x: Expr) -> str | None:
         if is_constant(x):
             try:
                 v = eval_constant(x, params, now)
@@ -670,13 +687,21 @@ def _arg_type(e: Expr, schema: pa.Schema) -> pa.DataType | None:
     return _call_type(e, schema) if isinstance(e, Call) else None
 
 
+_ENVS: dict[int, tuple[pa.Schema, Any]] = {}
+
+
 def _call_type(x: Call, schema: pa.Schema) -> pa.DataType | None:
     """The type of a function call over ``schema``'s columns by the registry's type rules
     (None: not known here, e.g. it takes a session value)."""
     from fabric.plan import types as T
 
+    hit = _ENVS.get(id(schema))
+    if hit is None or hit[0] is not schema:
+        if len(_ENVS) > 256:
+            _ENVS.clear()
+        hit = _ENVS[id(schema)] = (schema, T.Env({f.name: f.type for f in schema}, {}))
     try:
-        return T.infer(x, T.Env({f.name: f.type for f in schema}, {}))
+        return T.infer(x, hit[1])
     except Exception:  # an unknown column, a session value, a rule that refuses: not known
         return None
 
