@@ -14,7 +14,8 @@ by the table's own columns and ``S``'s pushed filters added to it,
 
 which ``x``'s source is asked for like any filter. Only a source that can evaluate it
 exactly says EXACT: ``connectors.sql`` for a table of its own connection (one server,
-one database), each comparison translated as its own filters are, session values bound.
+one database), each comparison translated as its own filters are, session values bound,
+and only where the server runs it as a semi-join (docs/engine.md).
 Elsewhere nothing changes. The source then answers with the rows that pass, so TPC-H
 Q22 reads 641 customers for 641 needed instead of 1,856, and no order at all.
 
