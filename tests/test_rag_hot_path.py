@@ -247,9 +247,9 @@ group_by: [e.kind]
 
 
 # ---------------------------------------------------------------- the small-table path
-# An Aggregate or Sort over at most fabric.execute.SMALL_ROWS rows runs in Python (pyarrow's
-# kernels cost more to set up than the 20 rows of a multi-hop answer); SMALL_ROWS = 0 is the
-# general path. The two must give the same table: rows, their order, types.
+# An Aggregate or Sort over at most fabric.execute.pyarrow_ops.SMALL_ROWS rows runs in Python
+# (pyarrow's kernels cost more to set up than the 20 rows of a multi-hop answer);
+# SMALL_ROWS = 0 is the general path. The two must give the same table: rows, their order, types.
 
 _INT = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from([2**62, -(2**63)]))
 _ROWS = st.lists(st.tuples(_TEXT, _TEXT, _FLOAT, _DEC, _INT), min_size=0, max_size=40)
@@ -300,7 +300,7 @@ def rnd_table(rows: list[tuple]) -> pa.Table:
 
 
 def both_paths(t: pa.Table, binding: str) -> tuple[pa.Table, pa.Table]:
-    import fabric.execute as fx
+    import fabric.execute.pyarrow_ops as fx
 
     tables = world.make_tables()
     tables["rnd"] = t

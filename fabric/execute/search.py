@@ -398,7 +398,7 @@ class SearchRun:
         if picked[2]:
             out = out.rename_columns(shape.out_names)
         if not shape.root_ok:
-            from fabric.execute import _conform
+            from fabric.execute.pyarrow_ops import _conform
 
             out = _conform(out, pp.schema)
         end = _perf()
