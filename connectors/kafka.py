@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors._util import flat_options, schema_from_spec, typed_params
-from connectors.arrow_expr import to_arrow, utcnow
+from connectors.arrow_expr import canonical_floats, to_arrow, utcnow
 from connectors.base import (
     Capability,
     Connection,
@@ -748,7 +748,15 @@ def latest(table: pa.Table, keys: list[str]) -> pa.Table:
         [("__ts", "ascending"), ("__partition", "ascending"), ("__offset", "ascending")]
     )
     table = table.append_column("__row", pa.array(range(table.num_rows), pa.int64()))
-    picked = table.group_by(keys, use_threads=False).aggregate([("__row", "max")])
+    group = table.select(["__row"])
+    for i, k in enumerate(keys):  # a float key as SQL compares it: -0.0 = 0.0, one NaN
+        col = table.column(k)
+        group = group.append_column(
+            f"__k{i}", canonical_floats(col) if pa.types.is_floating(col.type) else col
+        )
+    picked = group.group_by([f"__k{i}" for i in range(len(keys))], use_threads=False).aggregate(
+        [("__row", "max")]
+    )
     idx = pc.sort_indices(picked.column("__row_max"))
     return table.take(pc.take(picked.column("__row_max"), idx)).drop_columns(["__row"])
 
