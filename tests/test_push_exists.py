@@ -402,3 +402,54 @@ def test_mariadb_gets_a_correlation_beyond_equalities_only_with_an_index(
             conn.close()
         want_beyond = Pushdown.EXACT if (index or kind == "postgres") else Pushdown.UNSUPPORTED
         assert answers == [Pushdown.EXACT, want_beyond, Pushdown.UNSUPPORTED], (kind, index)
+
+
+def test_an_exists_written_under_a_joined_source_goes_below_the_join(
+    server: tuple[str, str],
+) -> None:
+    """A condition on ``c`` written in the ``where`` of the source ``d`` joined to it sits
+    above the join; it goes into ``c``'s scan (inner join: either side; the answer is
+    the same), and ``c`` returns the rows passing it."""
+    kind, url = server
+    outer, inner = _tables(21, 120, 90, 0.2)
+    _load(url, kind, outer, inner)
+    binding = f"""
+binding: pe_join
+stages:
+  st:
+    sources:
+      o: {{from: {kind}://db/pe_o, where: "v > 0"}}
+    select: [o.k]
+sources:
+  c: {{from: {kind}://db/pe_c}}
+  d:
+    from: {kind}://db/pe_o
+    join: d.k2 = c.k2
+    where: "not exists(st where st.k = c.k)"
+select: [c.id, d.id as did]
+"""
+    con = duckdb.connect()
+    con.register("c", outer)
+    con.register("o", inner)
+    cond = "NOT EXISTS (SELECT 1 FROM o st WHERE st.v > 0 AND st.k = c.k)"
+    want = sorted(
+        con.execute(f"SELECT c.id, d.id FROM c JOIN o d ON d.k2 = c.k2 WHERE {cond}").fetchall()
+    )
+    passing = con.execute(f"SELECT count(*) FROM c WHERE {cond}").fetchall()[0][0]
+    conn = SqlConnection("db", {"kind": kind, "url": url})
+    try:
+        cat = LocalCatalog({"db": conn})
+        spec = load_text(binding, "pe_join.yaml")[0]
+        for with_rule in (True, False):
+            rules = opt.RULES if with_rule else tuple(r for r in opt.RULES if r is not push_exists)
+            plan = opt.optimize(build(spec, cat), cat, rules=rules)
+            res = execute(plan, {}, cat, binding=spec.name)
+            t = res.table
+            got = sorted(zip(t.column("id").to_pylist(), t.column("did").to_pylist()))
+            assert got == want, f"with_rule={with_rule}\n{plan.explain()}"
+            assert _pushed(plan) == with_rule, plan.explain()
+            if with_rule:
+                assert res.stats["sources"]["c"]["rows"] <= passing  # (c may be keyed too)
+                assert "o" not in res.stats["sources"]
+    finally:
+        conn.close()

@@ -6,7 +6,8 @@ read whole (or keyed by ``dynamic_filters``), then DuckDB filters the rows of ``
 ``EXISTS (SELECT 1 FROM <S's table> WHERE ...)``. When ``S`` is one table read with
 filters the source applies EXACTLY (``Project`` of its columns over a ``Scan``: no
 residual filter, limit, aggregate, latest_by or dynamic filter) and ``x``'s scan is
-below the filter through ``Filter`` / ``Derive`` / ``Sort`` only, the conjunct becomes
+below the filter through ``Filter`` / ``Derive`` / ``Sort`` and joins (the side of an
+inner join, the left of a left join: ``_chain``), the conjunct becomes
 one filter of ``x``'s scan, ``ExistsIn``: the same condition with ``S``'s columns named
 by the table's own columns and ``S``'s pushed filters added to it,
 
@@ -44,10 +45,11 @@ from typing import Any
 from connectors.base import Pushdown
 from dsl.ast import Column, Exists, ExistsIn, Expr, Param, and_all, conjuncts, replace, unqualify
 from dsl.types import is_stage_param
-from fabric.optimizer._util import ask_filter, replace_node
+from fabric.optimizer._util import aliases, ask_filter, replace_node
 from fabric.plan.nodes import (
     Derive,
     Filter,
+    Join,
     Plan,
     Project,
     Scan,
@@ -82,11 +84,16 @@ def _first(root: Plan, stages: dict[str, Stage], catalog: Any) -> tuple[Plan, se
     for node in root.walk():
         if not isinstance(node, Filter):
             continue
-        scan, items = _chain(node.input)
-        if scan is None:
-            continue
         for c in conjuncts(node.predicate):
-            if not any(isinstance(x, Exists) for x in c.walk()):
+            inner = {x.stage for x in c.walk() if isinstance(x, Exists)}
+            if not inner:
+                continue
+            outer = {col.source for col in c.columns()} - inner
+            if len(outer) != 1:
+                continue
+            (alias,) = outer
+            scan, items = _chain(node.input, alias) if alias is not None else (None, {})
+            if scan is None:
                 continue
             pushed = _rewrite(c, scan, items, stages)
             if pushed is None:
@@ -104,15 +111,25 @@ def _first(root: Plan, stages: dict[str, Stage], catalog: Any) -> tuple[Plan, se
     return None
 
 
-def _chain(node: Plan) -> tuple[Scan | None, dict[str, Expr]]:
-    """The Scan under ``node`` through Filter / Derive / Sort only (rows neither added nor
-    dropped on the way, so a filter commutes with them), and the derived columns."""
+def _chain(node: Plan, alias: str) -> tuple[Scan | None, dict[str, Expr]]:
+    """The Scan of ``alias`` under ``node`` through Filter / Derive / Sort and into the
+    side of an inner join holding it, or the left side of a left join (a condition on
+    one source's columns filters that source's rows the same before the join as after),
+    and the derived columns on the way."""
     items: dict[str, Expr] = {}
-    while isinstance(node, Filter | Derive | Sort):
+    while isinstance(node, Filter | Derive | Sort | Join):
         if isinstance(node, Derive):
             items.update({n: e for n, e, _ in node.items})
+        if isinstance(node, Join):
+            if alias in aliases(node.left):
+                node = node.left
+            elif node.how == "inner" and alias in aliases(node.right):
+                node = node.right
+            else:
+                return None, {}
+            continue
         node = node.input
-    if not isinstance(node, Scan):
+    if not isinstance(node, Scan) or node.alias != alias:
         return None, {}
     if node.aggregate is not None or node.latest_by or node.limit is not None:
         # grouped rows (HAVING), the newest record per key, or a cut: a filter in the
