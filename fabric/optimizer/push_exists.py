@@ -6,8 +6,8 @@ read whole (or keyed by ``dynamic_filters``), then DuckDB filters the rows of ``
 ``EXISTS (SELECT 1 FROM <S's table> WHERE ...)``. When ``S`` is one table read with
 filters the source applies EXACTLY (``Project`` of its columns over a ``Scan``: no
 residual filter, limit, aggregate, latest_by or dynamic filter) and ``x``'s scan is
-below the filter through ``Filter`` / ``Derive`` / ``Sort`` and joins (the side of an
-inner join, the left of a left join: ``_chain``), the conjunct becomes
+below the filter through ``Filter`` / ``Derive`` / ``Sort`` and inner joins
+(``_chain``), the conjunct becomes
 one filter of ``x``'s scan, ``ExistsIn``: the same condition with ``S``'s columns named
 by the table's own columns and ``S``'s pushed filters added to it,
 
@@ -113,20 +113,17 @@ def _first(root: Plan, stages: dict[str, Stage], catalog: Any) -> tuple[Plan, se
 
 def _chain(node: Plan, alias: str) -> tuple[Scan | None, dict[str, Expr]]:
     """The Scan of ``alias`` under ``node`` through Filter / Derive / Sort and into the
-    side of an inner join holding it, or the left side of a left join (a condition on
-    one source's columns filters that source's rows the same before the join as after),
-    and the derived columns on the way."""
+    side of an inner join holding it (a condition on one source's columns filters that
+    source's rows the same before the join as after), and the derived columns on the way.
+    Not through a left join (kept simple: push_filters' rules for one would apply)."""
     items: dict[str, Expr] = {}
     while isinstance(node, Filter | Derive | Sort | Join):
         if isinstance(node, Derive):
             items.update({n: e for n, e, _ in node.items})
         if isinstance(node, Join):
-            if alias in aliases(node.left):
-                node = node.left
-            elif node.how == "inner" and alias in aliases(node.right):
-                node = node.right
-            else:
+            if node.how != "inner":
                 return None, {}
+            node = node.left if alias in aliases(node.left) else node.right
             continue
         node = node.input
     if not isinstance(node, Scan) or node.alias != alias:
