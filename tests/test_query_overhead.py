@@ -210,7 +210,7 @@ def test_session_values_still_checked(world: Any, tmp_path: Path) -> None:
 
 #: Python-level calls of one ``fab.query`` of a nearest binding outside the search itself
 #: (the executor, binding, session check, stats, freshness, tracing): 69 before issue 12's
-#: pass, 45 after, 36 with the executor's one-search path (``_run_search``), 19 with
+#: pass, 45 after, 36 with the executor's one-search path (``_run_search``), 18 with
 #: fabric.execute.search's ``SearchRun``; a new step on this path should be worth its
 #: cost (each call is 3-6 us when a search has just evicted the caches).
 CALL_BUDGET = 21

@@ -18,11 +18,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from connectors.base import Watermark
+from connectors.base import Source, Watermark
 from fabric.execute.errors import QueryError
 from fabric.plan.nodes import Freshness
 
 DEFAULT_WAIT_TIMEOUT = 10.0
+_NONE = Source.watermark  # a source that does not override it cannot tell
 POLL_SECONDS = (0.02, 0.05, 0.1, 0.2)
 
 
@@ -38,7 +39,7 @@ def read_watermark(catalog: Any, source: Any, uri: str) -> Watermark | Mapping[s
         if wm is not None:
             return wm
     fn = getattr(source, "watermark", None)
-    if not callable(fn):
+    if not callable(fn) or getattr(fn, "__func__", None) is _NONE:  # (the base's: None)
         return None
     try:
         return fn()
