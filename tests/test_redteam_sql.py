@@ -126,7 +126,6 @@ FILTERS = [
 ]
 
 
-
 def _duckdb(full: pa.Table, where: str) -> list[int]:
     con = duckdb.connect()
     con.register("t", full)
