@@ -48,11 +48,6 @@ def test_latest_by_a_float_key_keeps_one_row_per_sql_key(
     assert sorted(got["i"].to_pylist()) == sorted(r[0] for r in want), got.to_pylist()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fabric.execute.units.latest_per_key (helper S's) groups float keys with "
-    "pyarrow's hashing (-0.0 apart from 0.0); fix: canonical_floats, /tmp/T/units_latest.patch",
-)
 def test_the_fabrics_own_latest_by_keeps_one_row_per_sql_key() -> None:
     """latest_by applied by the fabric, for a source that cannot: the same keys."""
     import pyarrow as pa

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from connectors._util import BadValueError
 from connectors.arrow_expr import (
     NotTranslatable,
+    canonical_floats,
     eval_constant,
 )
 from connectors.base import ScanRequest, SourceError
@@ -370,10 +371,17 @@ def latest_per_key(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
     if table.num_rows == 0:
         return table
     idx = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    # a float key as SQL compares it: -0.0 = 0.0, every NaN one key (canonical_floats)
+    cols = [
+        canonical_floats(table.column(k))
+        if pa.types.is_floating(table.schema.field(k).type)
+        else table.column(k)
+        for k in keys
+    ]
+    names = [f"__k{i}" for i in range(len(keys))]
     g = (
-        table.select(list(keys))
-        .append_column("__i", idx)
-        .group_by(list(keys), use_threads=False)
+        pa.table([*cols, idx], names=[*names, "__i"])
+        .group_by(names, use_threads=False)
         .aggregate([("__i", "max")])
     )
     return table.take(np.sort(g.column("__i_max").to_numpy()))
