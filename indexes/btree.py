@@ -9,6 +9,11 @@ Layout (an LSM-style ordered structure, not a re-sort per query):
 - ``by_rowid``: the key of every row by row id, to test a range on a small candidate set
   without touching the tree.
 
+A float (or decimal) key is an order-preserving int64 (``float_keys``): NaN one key above
++inf whatever its bits, -0.0 the key of 0.0, as DuckDB orders and compares them (and the
+fabric's pyarrow filters). IEEE floats in the arrays had no place for NaN: numpy sorts it
+last, a ``SortedList`` of (key, rowid) nowhere, and ``f > 1`` missed rows that were not NaN.
+
 The delta is merged into ``main`` (one argsort) when it outgrows an eighth of ``main`` or
 when a quarter of ``main`` is dead: amortized O(log n) per insert.
 """
@@ -33,6 +38,23 @@ from indexes.spec import DatasetError
 _INF = float("inf")
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 _US = _dt.timedelta(microseconds=1)
+_LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+def float_keys(x: np.ndarray) -> np.ndarray:
+    """Floats -> int64 keys in DuckDB's order: -inf < ... < -0.0 = 0.0 < ... < +inf < NaN,
+    every NaN one key. A negative float's bits order backwards, so its 63 low bits are
+    flipped; -0.0 + 0.0 is 0.0, and NaN is replaced by numpy's (positive) NaN first."""
+    x = np.asarray(x, dtype=np.float64)
+    x = np.where(np.isnan(x), np.nan, x) + 0.0
+    i = x.view(np.int64)
+    return np.where(i < 0, i ^ _LOW63, i)
+
+
+def float_values(k: np.ndarray) -> np.ndarray:
+    """The inverse of ``float_keys`` (NaN and 0.0 for the folded keys)."""
+    k = np.asarray(k, dtype=np.int64)
+    return np.where(k < 0, k ^ _LOW63, k).view(np.float64)
 
 
 @dataclass(frozen=True)
@@ -87,7 +109,7 @@ class BTreeIndex:
         self.column = column
         self.type = type_
         self.kind = key_kind(type_)
-        self.dtype: Any = {"int": np.int64, "float": np.float64, "str": object}[self.kind]
+        self.dtype: Any = {"int": np.int64, "float": np.int64, "str": object}[self.kind]
         self.keys = np.empty(0, dtype=self.dtype)
         self.rowids = np.empty(0, dtype=np.uint32)
         self.dead = BitMap()
@@ -125,6 +147,8 @@ class BTreeIndex:
             values = values.cast(pa.int64())
         if self.kind == "str":
             keys = np.array(values.to_pylist(), dtype=object)
+        elif self.kind == "float":
+            keys = float_keys(values.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64))
         else:
             keys = values.fill_null(0).to_numpy(zero_copy_only=False).astype(self.dtype, copy=False)
         return keys, nulls
@@ -143,7 +167,13 @@ class BTreeIndex:
             and not pa.types.is_timestamp(self.type)
             and not pa.types.is_date(self.type)
         ):
-            return v
+            if self.kind != "float":
+                return v
+            try:
+                f = float(v)
+            except OverflowError:  # an int past float's range: beyond every finite key
+                f = _INF if v > 0 else -_INF
+            return int(float_keys(np.array([f]))[0])
         if isinstance(v, _dt.datetime) and pa.types.is_timestamp(self.type):
             if v.tzinfo is None:
                 v = v.replace(tzinfo=_dt.UTC)
@@ -266,9 +296,9 @@ class BTreeIndex:
             return None
         pts = []
         for r in ranges:
-            if r.lo is None or r.hi is None or r.lo != r.hi:
+            if r.lo is None or r.hi is None:
                 return None
-            lo, lo_inc, hi, hi_inc = self._norm(r)
+            lo, lo_inc, hi, hi_inc = self._norm(r)  # keys: NaN is a point too
             if lo == hi and lo_inc and hi_inc:
                 pts.append(lo)
             elif not (lo > hi or (lo == hi and not (lo_inc and hi_inc))):
@@ -282,8 +312,8 @@ class BTreeIndex:
             left = np.searchsorted(self.keys, pts, "left")
             return int((np.searchsorted(self.keys, pts, "right") - left).sum())
         total = 0
-        for r in ranges:
-            lo, lo_inc, hi, hi_inc = self._norm(r)
+        # a range given twice counts once: in (NaN, NaN) holds two NaNs of other objects
+        for lo, lo_inc, hi, hi_inc in dict.fromkeys(self._norm(r) for r in ranges):
             a, b = self._bounds(lo, lo_inc, hi, hi_inc)
             total += (b - a) - (self.dead.range_cardinality(a, b) if self.dead and b > a else 0)
             if self.delta:
@@ -354,6 +384,8 @@ class BTreeIndex:
     def _to_py(self, k: Any) -> Any:
         if self.kind == "str":
             return k
+        if self.kind == "float":
+            return float(float_values(np.array([k]))[0])
         if pa.types.is_timestamp(self.type):
             return pa.scalar(int(k), pa.int64()).cast(pa.timestamp("us", self.type.tz)).as_py()
         return k.item() if hasattr(k, "item") else k
@@ -383,6 +415,11 @@ class BTreeIndex:
         self.rowids = st["rowids"]
         self.by_rowid = st["by_rowid"]
         self.main_pos = st["main_pos"]
+        if self.kind == "float" and self.keys.dtype.kind == "f":  # saved before float_keys
+            order = np.argsort(float_keys(self.keys), kind="stable")
+            self.keys, self.rowids = float_keys(self.keys)[order], self.rowids[order]
+            self.by_rowid = float_keys(self.by_rowid)
+            self.main_pos[self.rowids.astype(np.int64)] = np.arange(len(self.rowids))
         self.nulls = BitMap.deserialize(st["nulls"].tobytes())
         self.live = len(self.keys)
         self.dead, self.delta = BitMap(), SortedList()

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from dsl.ast import Expr
@@ -190,8 +189,6 @@ class Dataset:
         mats = {c: to_matrix(c, table.column(c), v.dim) for c, v in self.vectors.items()}
         for c, mat in mats.items():
             self._check_finite(c, mat, table)
-        for c in self.btrees:
-            self._check_no_nan(c, table)
         if mats and self.background_fold:
             self._backpressure()
         with self.lock.write():
@@ -252,23 +249,6 @@ class Dataset:
             f"large values (a squared length past float32's range) in {len(bad)} row(s), "
             f"key(s) {keys}{' ...' if len(bad) > 5 else ''}; nothing of this batch was "
             "written: fix or drop those rows"
-        )
-
-    def _check_no_nan(self, column: str, table: pa.Table) -> None:
-        """Refuse a NaN in a B-tree indexed float column: the B-tree's sorted keys have no
-        place for it (NaN is unordered in numpy and Python), and its range answers went
-        wrong for other rows too (f > 1 missed 1.5 and one of two NaNs; f != 1.5 kept 1.5)."""
-        col = table.column(column)
-        if not pa.types.is_floating(col.type) or not pc.any(pc.is_nan(col)).as_py():
-            return
-        bad = pc.indices_nonzero(pc.fill_null(pc.is_nan(col), False)).to_numpy()
-        keys = table.column(self.key).take(pa.array(bad[:5], pa.int64())).to_pylist()
-        raise DatasetError(
-            f"dataset {self.name!r}: column {column!r} has a B-tree index and NaN in "
-            f"{len(bad)} row(s), key(s) {keys}{' ...' if len(bad) > 5 else ''}; a B-tree "
-            "cannot order NaN: write null instead, or declare the column without the "
-            "btree index (its filters are then applied to the rows); nothing of this batch "
-            "was written"
         )
 
     def delete(self, keys: Iterable[Any]) -> int:

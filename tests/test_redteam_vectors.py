@@ -7,8 +7,9 @@ search's top 10 held 0.4 of the true 10 nearest finite rows on average (recall 0
 1.0 without them), and with an infinity under cosine 0.024; no error, no warning. Now the
 upsert is refused, naming the keys. Likewise a NaN in a B-tree indexed float column: the
 B-tree answered ``f > 1`` with [3, 7, 8] where DuckDB answers [0, 1, 3, 7, 8] (the row
-of 1.5 missed) and ``f != 1.5`` kept the row of 1.5; it is refused (without the B-tree,
-the same filters give DuckDB's rows).
+of 1.5 missed) and ``f != 1.5`` kept the row of 1.5; it was refused, and now the B-tree
+orders float keys as DuckDB (NaN above +inf, -0.0 = 0.0) and answers DuckDB's rows
+(``tests/test_btree_float_order.py`` tries every filter shape on random columns).
 
 Held (kept as tests): the last of duplicate keys in one batch wins; an upserted key's old
 vector is no longer found by any strategy; a zero vector under l2 / ip and finite
@@ -179,20 +180,15 @@ def _floats_table() -> pa.Table:
     return pa.table({"id": pa.array(range(len(FLOATS)), pa.int64()), "f": pa.array(FLOATS)})
 
 
-def test_a_nan_in_a_btree_float_column_is_refused_naming_its_keys() -> None:
+def test_a_nan_in_a_btree_float_column_filters_as_duckdb() -> None:
     """On the old code the B-tree took NaN and answered f > 1 with [3, 7, 8] where DuckDB
-    answers [0, 1, 3, 7, 8] (1.5 missed, one NaN of two), f != 1.5 kept the row of 1.5."""
+    answers [0, 1, 3, 7, 8] (1.5 missed, one NaN of two), f != 1.5 kept the row of 1.5;
+    c93183a refused the upsert; the B-tree now orders NaN as DuckDB does."""
     t = _floats_table()
     ds = Dataset("rt_bt", t.schema, "id", {"f": "btree"}, background_fold=False)
-    with pytest.raises(
-        DatasetError, match=r"'f' has a B-tree index and NaN in 2 row\(s\), key\(s\) \[1, 8\]"
-    ):
-        ds.upsert(t)
-    assert ds.count() == 0
-    ds.upsert(t.filter(pa.compute.invert(pa.compute.fill_null(pa.compute.is_nan(t["f"]), False))))
-    _same_rows_as_duckdb(
-        ds, t.filter(pa.compute.invert(pa.compute.fill_null(pa.compute.is_nan(t["f"]), False)))
-    )
+    ds.upsert(t)
+    assert ds.count() == len(FLOATS)
+    _same_rows_as_duckdb(ds, t)
 
 
 def test_a_float_column_without_a_btree_filters_nan_as_duckdb() -> None:
