@@ -230,6 +230,11 @@ def query_vector(vi: VectorIndex, query: Any) -> np.ndarray:
         raise DatasetError(
             f"nearest({vi.column}): the query vector contains NaN or infinite values"
         )
+    if vi.metric == "cosine" and not q.any():
+        raise DatasetError(
+            f"nearest({vi.column}): the query vector is all zeros, and its cosine distance to "
+            "any row is undefined; pass a non-zero vector (or index the column with metric l2 / ip)"
+        )
     return q  # type: ignore[no-any-return]
 
 

@@ -210,3 +210,25 @@ def _same_rows_as_duckdb(ds: Dataset, t: pa.Table) -> None:
         got = sorted(ds.rows(rowids, ["id"])["id"].to_pylist())
         want = sorted(r[0] for r in con.sql(f"SELECT id FROM t WHERE {w}").fetchall())
         assert got == want, w
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_zero_query_vector_under_cosine_is_refused(strategy: str) -> None:
+    """The cosine distance to a zero vector is undefined (DuckDB's list_cosine_distance
+    answers NaN); every strategy answered ten arbitrary rows at distance 1.0, quietly."""
+    ds = _dataset("cosine")
+    rng = np.random.default_rng(5)
+    ds.upsert(_rows(list(range(200)), rng.normal(size=(200, DIM))))
+    with pytest.raises(DatasetError, match=r"nearest\(v\).*zero.*cosine"):
+        ds.search("v", np.zeros(DIM, np.float32), 10, strategy=strategy)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_a_zero_query_vector_is_a_query_under_l2_and_ip(metric: str) -> None:
+    ds = _dataset(metric)
+    rng = np.random.default_rng(6)
+    vecs = rng.normal(size=(200, DIM))
+    ds.upsert(_rows(list(range(200)), vecs))
+    got, _ = ds.search("v", np.zeros(DIM, np.float32), 10, strategy="exact")
+    want = _numpy_top(dict(enumerate(vecs)), np.zeros(DIM), metric, 10)
+    assert np.allclose(sorted(got["_distance"].to_pylist()), want, atol=1e-4)
