@@ -64,6 +64,7 @@ from connectors.base import (
     check_columns,
 )
 from dsl.ast import Expr, and_all
+from dsl.errors import FabricError
 
 _EXT = {
     ".parquet": "parquet",
@@ -145,6 +146,7 @@ class S3Source(Source):
         self._dataset: ds.FileSystemDataset | None = None
         self._stats: Statistics | None = None
         self._naive_ts: set[str] = set()
+        self._peers: dict[str, S3Source] = {}  # the object sets of this connection's exists
         self.refresh()
 
     # ----------------------------------------------------------------- files
@@ -284,7 +286,68 @@ class S3Source(Source):
         return self.dataset.schema
 
     def supports_filter(self, expr: Expr) -> Pushdown:
+        if s3_duckdb.has_exists(expr):
+            return Pushdown.EXACT if self._exists_ok(expr) else Pushdown.UNSUPPORTED
         return Pushdown.EXACT if arrow_filter_ok(expr, self.schema()) else Pushdown.UNSUPPORTED
+
+    # ----------------------------------------------------------------- exists
+
+    def peer(self, uri: str) -> S3Source:
+        """The source of ``uri`` when it is an object set of this source's connection;
+        raises NotTranslatable."""
+        obj = uri.partition("://")[2].partition("/")[2]
+        if not obj or uri != self.conn.uri(obj):
+            raise NotTranslatable(f"{uri} is not an object set of {self.conn.uri()}")
+        if uri not in self._peers:
+            try:
+                self._peers[uri] = self.conn.source(obj)
+            except (FabricError, OSError, pa.ArrowException) as exc:
+                raise NotTranslatable(str(exc)) from None
+        return self._peers[uri]
+
+    def _duck_files_ok(self) -> bool:
+        """Whether every scan of these files goes through DuckDB's reader."""
+        return (
+            self.conn.parquet_reader == "duckdb"
+            and self.format == "parquet"
+            and self._duck is not False
+            and self._duck_ok([])
+        )
+
+    def _exists_ok(self, expr: Expr) -> bool:
+        """An ``ExistsIn`` (``fabric.optimizer.push_exists``) is EXACT when these files and
+        the other set's are read by DuckDB (plain Parquet of one schema, reader duckdb) and
+        all of ``expr`` is in the subset DuckDB evaluates as the fabric would
+        (``s3_duckdb.Filters``). Otherwise the fabric evaluates it, as before."""
+        if not self._duck_files_ok():
+            return False
+
+        def probe(uri: str) -> tuple[pa.Schema, list[str]]:
+            other = self.peer(uri)
+            if not other._duck_files_ok():
+                raise NotTranslatable(f"{uri} is not read by DuckDB")
+            return other.schema(), ["probe"]
+
+        tr = s3_duckdb.Filters(self.schema(), probe_params(expr, self.schema()), utcnow(), probe)
+        try:
+            tr.sql(expr)
+        except (NotTranslatable, KeyError, TypeError, ValueError):
+            return False
+        return True
+
+    def _peer_files(self, uri: str) -> tuple[pa.Schema, list[str]]:
+        """The schema and files (as DuckDB reads them) of an ``ExistsIn``'s object set,
+        listed now like the scan's own."""
+        other = self.peer(uri)
+        other.refresh()
+        if not other._duck_files_ok():
+            raise NotTranslatable(f"{uri} is not read by DuckDB")
+        paths = [f.path for f in other.dataset.get_fragments()]
+        files = self.conn.duck_files()
+        if files is None:
+            return other.schema(), paths
+        files.know(other._files)
+        return other.schema(), [files.url(p) for p in paths]
 
     def supports_aggregate(self, agg: Any, schema: pa.Schema | None = None) -> bool:
         """Every aggregation the optimizer pushes (``push_aggregate``): Parquet read by
@@ -380,10 +443,13 @@ class S3Source(Source):
         schema = self.schema()
         cols = list(request.columns) if request.columns is not None else schema.names
         check_columns(self.uri, cols, schema.names)
-        params = typed_params(request.filters, request.params, schema, self.uri)
+        # an exists over another object set: only DuckDB's reading query evaluates it
+        exists = [f for f in request.filters if s3_duckdb.has_exists(f)]
+        plain = [f for f in request.filters if f not in exists]
+        params = typed_params(plain, request.params, schema, self.uri)
         # Filters on zoneless file timestamps (read as UTC) cannot use the files' statistics:
         # pyarrow would compare them with the raw column. They run on the scanned batches.
-        post = [f for f in request.filters if {c.name for c in f.columns()} & self._naive_ts]
+        post = [f for f in plain if {c.name for c in f.columns()} & self._naive_ts]
         # Filters on float columns of Parquet files neither: the statistics leave NaN out
         # of a row group's min / max, and pyarrow pruned (or, min = max = 1.0, rewrote
         # v to 1.0) the group of [0.5, NaN, 2.0] for not (v < 3), dropping the NaN row.
@@ -391,12 +457,12 @@ class S3Source(Source):
         floats = {f.name for f in schema if pa.types.is_floating(f.type)}
         prune = []
         if self.format == "parquet" and floats:
-            for f in request.filters:
+            for f in plain:
                 if f not in post and {c.name for c in f.columns()} & floats:
                     post.append(f)
                     if _false_for_nan(f, floats, params):
                         prune.append(f)
-        pred = and_all([f for f in request.filters if f not in post] + prune)
+        pred = and_all([f for f in plain if f not in post] + prune)
         expr = to_arrow(pred, params, now=utcnow(), schema=schema) if pred is not None else None
         read = list(dict.fromkeys([*cols, *sorted(c.name for f in post for c in f.columns())]))
         stats = request.metrics  # this scan's own: the source is shared by concurrent queries
@@ -421,6 +487,13 @@ class S3Source(Source):
                     yield from self._duck_scan(frags, cols, request, params, stats, done)
                     return
                 frags = pieces
+            if exists and frags:
+                raise SourceError(
+                    self.uri,
+                    f"an exists over another object set ({exists[0]}) is evaluated only by "
+                    "DuckDB's Parquet reader, and these files are read by pyarrow",
+                    hint="set parquet_reader: duckdb on the connection (the default)",
+                )
             target = ds.FileSystemDataset(
                 frags, schema=schema, format=self._fmt, filesystem=self.conn.fs
             )
@@ -488,6 +561,7 @@ class S3Source(Source):
                 now,
                 request.limit,
                 request.aggregate if done is not None else None,
+                self._peer_files,
             )
         except s3_duckdb.DuckError as exc:  # a read failed: the store, as for pyarrow
             raise self.conn.error(OSError(str(exc).strip()), self.obj) from exc
@@ -496,6 +570,13 @@ class S3Source(Source):
             stats.rows = table.num_rows
             yield from table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
             return
+        if any(s3_duckdb.has_exists(f) for f in left):
+            raise SourceError(
+                self.uri,
+                f"DuckDB cannot evaluate the exists {next(f for f in left if s3_duckdb.has_exists(f))}"
+                " over these files as planned (the other object set changed since?)",
+                hint="run the query again (it is planned anew)",
+            )
         rest = and_all(left)
         if rest is not None:  # the filters DuckDB does not evaluate as pyarrow does
             table = table.filter(to_arrow(rest, params, now=now, schema=schema))

@@ -38,14 +38,25 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
 from pyarrow import fs as pafs
 
 from connectors.arrow_expr import NotTranslatable, eval_constant, is_constant
-from dsl.ast import Between, Binary, Column, Expr, InList, IsNull, Unary
+from dsl.ast import (
+    Between,
+    Binary,
+    Column,
+    ExistsIn,
+    Expr,
+    InList,
+    IsNull,
+    Param,
+    Unary,
+    conjuncts,
+)
 from dsl.errors import FabricError
 
 _TAIL = 64 * 1024
@@ -375,26 +386,69 @@ def _fits(family: str, v: Any) -> bool:
     return family == "bool" and isinstance(v, bool)
 
 
-class Filters:
-    """DuckDB SQL for the filters it evaluates like pyarrow; values bound as ``$n``."""
+#: the alias of the scan's own files in its query (an ``ExistsIn`` names them from inside)
+OUTER = "__fabric_t"
 
-    def __init__(self, schema: pa.Schema, params: Mapping[str, Any], now: dt.datetime):
+#: ``uri -> (schema, files)`` of a Parquet object set of the same connection that DuckDB
+#: reads as pyarrow would (raises NotTranslatable otherwise): an ``ExistsIn``'s table
+Peers = Callable[[str], tuple[pa.Schema, list[str]]]
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class Filters:
+    """DuckDB SQL for the filters it evaluates like pyarrow; values bound as ``$n``.
+
+    With ``peers``, a correlated ``ExistsIn`` over Parquet files of the same connection
+    (``fabric.optimizer.push_exists``) is ``[NOT] EXISTS (SELECT 1 FROM read_parquet([..])
+    AS "__x_<alias>" WHERE ..)`` when every comparison in it is of the shared subset, or
+    one column with another of the same family (integer, DECIMAL, date, zoned timestamp,
+    string, boolean: DuckDB compares them as the fabric's own DuckDB evaluation of the
+    exists does), with some top-level ``other.col = <enclosing column>`` (a hash
+    semi-join, not a loop per row) and no session value (``typed_params`` checks those
+    against the enclosing files' columns only)."""
+
+    def __init__(
+        self,
+        schema: pa.Schema,
+        params: Mapping[str, Any],
+        now: dt.datetime,
+        peers: Peers | None = None,
+    ):
         self.schema = schema
         self.params = params
         self.now = now
         self.values: list[Any] = []
+        self.peers = peers
+        #: (alias, schema) of the ExistsIn being translated
+        self._inner: tuple[str, pa.Schema] | None = None
 
     def bind(self, v: Any) -> str:
         self.values.append(v)
         return f"${len(self.values)}"
 
     def column(self, e: Expr) -> tuple[str, str]:
-        if not isinstance(e, Column) or e.name not in self.schema.names:
+        if not isinstance(e, Column):
             raise NotTranslatable(f"{e} is not a column of the file")
-        fam = _family(self.schema.field(e.name).type)
+        schema, prefix = self.schema, ""
+        if self._inner is not None:  # inside an exists: name whose column it is
+            alias, inner = self._inner
+            if e.source == alias:
+                schema, prefix = inner, _quote(f"__x_{alias}") + "."
+            elif e.source is None:
+                prefix = OUTER + "."
+            else:
+                raise NotTranslatable(f"{e} is neither the scan's nor {alias}'s column")
+        elif e.source is not None:
+            raise NotTranslatable(f"{e} is not a column of the file")
+        if e.name not in schema.names:
+            raise NotTranslatable(f"{e} is not a column of the file")
+        fam = _family(schema.field(e.name).type)
         if fam is None:
-            raise NotTranslatable(f"column {e.name} ({self.schema.field(e.name).type})")
-        return '"' + e.name.replace('"', '""') + '"', fam
+            raise NotTranslatable(f"column {e.name} ({schema.field(e.name).type})")
+        return prefix + _quote(e.name), fam
 
     def const(self, e: Expr, fam: str) -> str:
         if not is_constant(e):
@@ -410,8 +464,20 @@ class Filters:
             return f"({self.sql(e.left)} {e.op.upper()} {self.sql(e.right)})"
         if isinstance(e, Unary) and e.op == "not":
             return f"(NOT {self.sql(e.operand)})"
+        if isinstance(e, ExistsIn):
+            return self._exists(e)
         if isinstance(e, Binary) and e.op in ("=", "!=", "<", "<=", ">", ">="):
             op = "<>" if e.op == "!=" else e.op
+            if (
+                self._inner is not None
+                and isinstance(e.left, Column)
+                and isinstance(e.right, Column)
+            ):
+                a, fa = self.column(e.left)
+                b, fb = self.column(e.right)
+                if fa != fb:
+                    raise NotTranslatable(f"{e}: a {fa} column with a {fb} column")
+                return f"({a} {op} {b})"
             if isinstance(e.left, Column):
                 c, fam = self.column(e.left)
                 return f"({c} {op} {self.const(e.right, fam)})"
@@ -441,6 +507,32 @@ class Filters:
             # the files' row order); see ``range_of`` for the range pushed ahead of it
             raise NotTranslatable("a long IN list")
         raise NotTranslatable(f"{e} is left to pyarrow")
+
+    def _exists(self, e: ExistsIn) -> str:
+        if self.peers is None or self._inner is not None:
+            raise NotTranslatable(f"{e}: no exists here (or one inside another)")
+        if any(isinstance(x, Param) for x in e.where.walk()):
+            raise NotTranslatable(f"{e}: a session value inside an exists")
+        if not any(
+            isinstance(c, Binary)
+            and c.op == "="
+            and isinstance(c.left, Column)
+            and isinstance(c.right, Column)
+            and {c.left.source, c.right.source} == {None, e.alias}
+            for c in conjuncts(e.where)
+        ):
+            raise NotTranslatable(f"no equality with the enclosing files' columns: {e}")
+        schema, urls = self.peers(e.uri)
+        self._inner = (e.alias, schema)
+        try:
+            cond = self.sql(e.where)
+        finally:
+            self._inner = None
+        if not urls:  # no file: no row, every exists is false
+            return "FALSE"
+        files = ", ".join(self.bind(u) for u in urls)
+        alias = _quote(f"__x_{e.alias}")
+        return f"(EXISTS (SELECT 1 FROM read_parquet([{files}]) AS {alias} WHERE {cond}))"
 
     def range_of(self, e: Expr) -> str | None:
         """For a top-level ``x IN (long list)``: ``x BETWEEN min AND max`` (the row groups
@@ -472,6 +564,7 @@ def scan(
     now: dt.datetime,
     limit: int | None,
     aggregate: Any = None,
+    peers: Peers | None = None,
 ) -> tuple[pa.Table, list[Expr]]:
     """Read ``columns`` of the Parquet files ``urls`` with the filters DuckDB evaluates
     like pyarrow; returns the table (also holding the columns of the filters left over,
@@ -481,8 +574,9 @@ def scan(
     here, the same query groups and aggregates (the SQL of the executor's DuckDB
     regions, ``fabric.execute.sql.aggregate_sql``): the result is the aggregate's table
     and no filter is left over. With filters left over it is ignored (the caller
-    aggregates after applying them)."""
-    tr = Filters(schema, params, now)
+    aggregates after applying them). ``peers``: the files of an ``ExistsIn``'s table
+    (``Filters``)."""
+    tr = Filters(schema, params, now, peers)
     where: list[str] = []
     left: list[Expr] = []
     for f in filters:
@@ -502,7 +596,7 @@ def scan(
     read = list(dict.fromkeys([*columns, *sorted(c.name for f in left for c in f.columns())]))
     cols = ", ".join('"' + c.replace('"', '""') + '"' for c in read) or "1 AS __fabric_one"
     files = ", ".join(tr.bind(u) for u in urls)
-    sql = f"SELECT {cols} FROM read_parquet([{files}])"
+    sql = f"SELECT {cols} FROM read_parquet([{files}]) AS {OUTER}"
     if where:
         sql += " WHERE " + " AND ".join(where)
     if limit is not None and not left:
@@ -531,4 +625,18 @@ def scan(
     return table.cast(pa.schema([schema.field(c) for c in read])), left
 
 
-__all__ = ["DuckError", "ObjectFiles", "plain_path", "scan"]
+def has_exists(e: Expr) -> bool:
+    """Whether ``e`` holds an ``ExistsIn`` (only DuckDB's query evaluates those)."""
+    return any(isinstance(x, ExistsIn) for x in e.walk())
+
+
+__all__ = [
+    "OUTER",
+    "DuckError",
+    "Filters",
+    "ObjectFiles",
+    "Peers",
+    "has_exists",
+    "plain_path",
+    "scan",
+]

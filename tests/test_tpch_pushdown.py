@@ -92,6 +92,9 @@ def test_exists_keys_reach_a_stage_scan_only_when_few(tpch):
         params = q.params(SF, None, vocab)
         res = fab.query(H.binding_name(name), session=H.session_values(name, params))
         assert H.compare(H.run_reference(ref, q, params), res.table, q.order)[0] == "ok"
+        if name == "q21":  # push_exists: the exists are in l1's DuckDB query, no stage read
+            assert alias not in res.stats["sources"], sorted(res.stats["sources"])
+            continue
         dyn = res.stats["sources"][alias]["dynamic"]
         assert any(d["pushed"] for d in dyn) == pushed, (name, alias, dyn)
     q21 = QUERIES["q21"]
