@@ -172,11 +172,9 @@ def test_suppliers_read_after_their_lines_keep_duckdbs_answer(variant: str, how:
 
 
 @pytest.mark.parametrize("variant,how", [("plain", "inner"), ("nulls", "inner")])
-def test_suppliers_on_postgres_read_after_their_lines(
-    request: pytest.FixtureRequest, variant: str, how: str
-) -> None:
+def test_suppliers_on_postgres_read_after_their_lines(pg_url: str, variant: str, how: str) -> None:
     t = tables(variant)
-    gen = _pg_source(request.getfixturevalue("pg_url"), t["s"], f"rfk_s_{variant}")
+    gen = _pg_source(pg_url, t["s"], f"rfk_s_{variant}")
     suppliers = next(gen)
     try:
         cat = world.catalog(
