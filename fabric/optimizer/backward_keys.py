@@ -58,7 +58,7 @@ from fabric.optimizer._util import (
     replace_node,
     unit_scan,
 )
-from fabric.optimizer.cardinality import Estimator
+from fabric.optimizer.cardinality import Estimator, rewrite_to_fixpoint
 from fabric.optimizer.push_projection import push_projection
 from fabric.optimizer.reverse_full_keys import whole_keys
 from fabric.optimizer.semijoin_reduce import (
@@ -82,12 +82,7 @@ _KEYED = ("in", "<", "<=", ">", ">=")
 def backward_keys(plan: Plan, catalog: Any) -> Plan:
     """Key providers by their consumers, giving the consumers key-only pre-scans
     (module docstring)."""
-    while True:
-        est = Estimator(plan, catalog)
-        out = _candidate(plan, est, catalog)
-        if out is None:
-            return plan
-        plan = out
+    return rewrite_to_fixpoint(plan, catalog, _candidate)
 
 
 def _candidate(root: Plan, est: Estimator, catalog: Any) -> Plan | None:

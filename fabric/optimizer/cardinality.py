@@ -13,6 +13,7 @@ an unknown row count counts as ``UNKNOWN_ROWS``. An equi-join returns
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from connectors.arrow_expr import is_constant
@@ -57,6 +58,19 @@ EQ_LITERAL_SELECTIVITY = 0.1  # column = literal: usually a category (status = '
 RANGE_SELECTIVITY = 0.3
 DEFAULT_SELECTIVITY = 0.5
 IN_PARAM_ITEMS = 10  # assumed length of a session list in ``x in {{session.xs}}``
+
+
+def rewrite_to_fixpoint(
+    plan: Plan, catalog: Any, step: Callable[[Plan, Estimator, Any], Plan | None]
+) -> Plan:
+    """Apply ``step`` (one rewrite, or None when it finds nothing more to do) until it
+    stops, estimating each new plan afresh: the loop of every rule that adds one filter
+    or pre-scan at a time and must see the rows it changed."""
+    while True:
+        out = step(plan, Estimator(plan, catalog), catalog)
+        if out is None:
+            return plan
+        plan = out
 
 
 class Estimator:

@@ -53,7 +53,7 @@ from fabric.optimizer._util import (
     filters_before_latest,
     replace_node,
 )
-from fabric.optimizer.cardinality import Estimator
+from fabric.optimizer.cardinality import Estimator, rewrite_to_fixpoint
 from fabric.optimizer.semijoin_reduce import all_scans, reaches, unit_deps
 from fabric.plan.nodes import (
     Aggregate,
@@ -86,14 +86,12 @@ EXISTS_MIN_KEYS = 256
 
 def dynamic_filters(plan: Plan, catalog: Any) -> Plan:
     """Add DynamicFilters from small join sides into big sides' scans (see module docstring)."""
-    while True:
-        est = Estimator(plan, catalog)
-        added = _first_candidate(plan, plan, est, catalog)
-        if added is None:
-            added = _exists_candidate(plan, est, catalog)
-        if added is None:
-            return plan
-        plan = added
+    return rewrite_to_fixpoint(plan, catalog, _candidate)
+
+
+def _candidate(plan: Plan, est: Estimator, catalog: Any) -> Plan | None:
+    added = _first_candidate(plan, plan, est, catalog)
+    return added if added is not None else _exists_candidate(plan, est, catalog)
 
 
 def _first_candidate(root: Plan, node: Plan, est: Estimator, catalog: Any) -> Plan | None:

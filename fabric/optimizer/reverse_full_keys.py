@@ -40,7 +40,7 @@ from fabric.optimizer._util import (
     replace_node,
     unit_scan,
 )
-from fabric.optimizer.cardinality import Estimator
+from fabric.optimizer.cardinality import Estimator, rewrite_to_fixpoint
 from fabric.optimizer.semijoin_reduce import _stage_free, map_dynamic, reaches, unit_deps
 from fabric.plan.nodes import DynamicFilter, Filter, Join, Plan, Scan, WithStages
 
@@ -51,12 +51,7 @@ MIN_ROWS = 1_000  # x's table: smaller ones are read whole sooner than waited fo
 def reverse_full_keys(plan: Plan, catalog: Any) -> Plan:
     """Drop dynamic filters whose keys are a whole table's, keying that table instead
     (module docstring)."""
-    while True:
-        est = Estimator(plan, catalog)
-        out = _candidate(plan, est, catalog)
-        if out is None:
-            return plan
-        plan = out
+    return rewrite_to_fixpoint(plan, catalog, _candidate)
 
 
 def _candidate(root: Plan, est: Estimator, catalog: Any) -> Plan | None:

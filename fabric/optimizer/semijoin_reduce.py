@@ -48,7 +48,7 @@ from fabric.optimizer._util import (
     replace_node,
     unit_scan,
 )
-from fabric.optimizer.cardinality import Estimator
+from fabric.optimizer.cardinality import Estimator, rewrite_to_fixpoint
 from fabric.plan.nodes import DynamicFilter, Join, Plan, Scan, WithStages
 
 KEYS = "#keys"
@@ -145,12 +145,7 @@ def reaches(deps: dict[str, set[str]], alias: str, target: str) -> bool:
 
 def semijoin_reduce(plan: Plan, catalog: Any) -> Plan:
     """Add key-only pre-scans where they break a cycle and pay (module docstring)."""
-    while True:
-        est = Estimator(plan, catalog)
-        out = _candidate(plan, est, catalog)
-        if out is None:
-            return plan
-        plan = out
+    return rewrite_to_fixpoint(plan, catalog, _candidate)
 
 
 def _candidate(root: Plan, est: Estimator, catalog: Any) -> Plan | None:
