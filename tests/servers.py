@@ -164,10 +164,16 @@ def sql_url(request: object, kind: str) -> str:
 
 @contextlib.contextmanager
 def sql_source(
-    url: str, kind: str, table: str, ddl: str, rows: list[dict[str, object]] | tuple = ()
+    url: str,
+    kind: str,
+    table: str,
+    ddl: str,
+    rows: list[dict[str, object]] | tuple = (),
+    after: tuple[str, ...] = (),
 ) -> Iterator[object]:
     """A table made on a SQL test server (``ddl``, then ``rows`` inserted: dicts whose keys
-    are in column order) as a fabric ``SqlSource``; the table is dropped afterwards."""
+    are in column order, then the ``after`` statements: indexes, ``ANALYZE``) as a fabric
+    ``SqlSource``; the table is dropped afterwards."""
     import sqlalchemy as sa
 
     from connectors.sql import SqlConnection
@@ -180,6 +186,8 @@ def sql_source(
             if rows:
                 names = ", ".join(f":{k}" for k in rows[0])
                 c.execute(sa.text(f"INSERT INTO {table} VALUES ({names})"), list(rows))
+            for stmt in after:
+                c.exec_driver_sql(stmt)
         conn = SqlConnection("db", {"kind": kind, "url": url})
         try:
             yield conn.source(table)

@@ -15,23 +15,21 @@ without it. Explain-text fixtures: tests/fixtures/optimizer/backward_keys/.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-import sqlalchemy as sa
 from fixtures.optimizer import world
 
 import fabric.optimizer as opt
 from connectors.memory import MemorySource
-from connectors.sql import SqlConnection
 from dsl.loader import load_text
 from fabric.execute import execute
 from fabric.physical import plan as physical_plan
 from fabric.plan.builder import build
+from tests.servers import sql_source
 
 N_CUST, N_ORDERS, N_LINES = 2000, 20000, 60000
 DAY0 = dt.date(2000, 1, 1)
@@ -108,28 +106,6 @@ def tables(variant: str, seed: int = 5) -> dict[str, pa.Table]:
             }
         ),
     }
-
-
-def _sql_source(url: str, kind: str, name: str, t: pa.Table) -> Iterator[Any]:
-    engine = sa.create_engine(url)
-    with engine.begin() as c:
-        c.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-        c.exec_driver_sql(
-            f"CREATE TABLE {name} (id BIGINT PRIMARY KEY, ok BIGINT, ck BIGINT, od DATE, pay BIGINT)"
-        )
-        c.execute(sa.text(f"INSERT INTO {name} VALUES (:id, :ok, :ck, :od, :pay)"), t.to_pylist())
-        c.exec_driver_sql(f"CREATE INDEX {name}_ok ON {name} (ok)")
-    if kind == "postgres":
-        with engine.begin() as c:
-            c.exec_driver_sql(f"ANALYZE {name}")
-    conn = SqlConnection("db", {"kind": kind, "url": url})
-    try:
-        yield conn.source(name)
-    finally:
-        conn.close()
-        with engine.begin() as c:
-            c.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-        engine.dispose()
 
 
 def _run(cat: Any, how: str, with_rule: bool) -> tuple[Any, Any]:
@@ -211,9 +187,11 @@ def test_orders_on_a_server_read_after_their_lines(
 ) -> None:
     t = tables(variant)
     url = request.getfixturevalue("pg_url" if server == "postgres" else "mariadb_url")
-    gen = _sql_source(url, server, f"bk_o_{variant}_{how}", t["o"])
-    orders = next(gen)
-    try:
+    name = f"bk_o_{variant}_{how}"
+    ddl = f"CREATE TABLE {name} (id BIGINT PRIMARY KEY, ok BIGINT, ck BIGINT, od DATE, pay BIGINT)"
+    after = (f"CREATE INDEX {name}_ok ON {name} (ok)",)
+    after += (f"ANALYZE {name}",) if server == "postgres" else ()
+    with sql_source(url, server, name, ddl, t["o"].to_pylist(), after) as orders:
         cat = world.catalog(
             world.make_tables(),
             c=MemorySource("memory://t/c", t["c"]),
@@ -221,5 +199,3 @@ def test_orders_on_a_server_read_after_their_lines(
             l=MemorySource("memory://t/l", t["l"]),
         )
         _check(cat, t, variant, how)
-    finally:
-        gen.close()

@@ -12,23 +12,21 @@ Explain-text fixtures: tests/fixtures/optimizer/reverse_full_keys/.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-import sqlalchemy as sa
 from fixtures.optimizer import world
 
 import fabric.optimizer as opt
 from connectors.memory import MemorySource
-from connectors.sql import SqlConnection
 from dsl.loader import load_text
 from fabric.execute import execute
 from fabric.physical import plan as physical_plan
 from fabric.plan.builder import build
+from tests.servers import sql_source
 
 N_NATION, N_SUPP, N_PART, N_LINES = 25, 2000, 4000, 40000
 
@@ -97,23 +95,6 @@ def tables(variant: str, seed: int = 3) -> dict[str, pa.Table]:
     }
 
 
-def _pg_source(url: str, t: pa.Table, name: str) -> Iterator[Any]:
-    engine = sa.create_engine(url)
-    with engine.begin() as c:
-        c.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-        c.exec_driver_sql(f"CREATE TABLE {name} (sk BIGINT, nk BIGINT, name VARCHAR(16))")
-        c.execute(sa.text(f"INSERT INTO {name} VALUES (:sk, :nk, :name)"), t.to_pylist())
-        c.exec_driver_sql(f"ANALYZE {name}")
-    conn = SqlConnection("db", {"kind": "postgres", "url": url})
-    try:
-        yield conn.source(name)
-    finally:
-        conn.close()
-        with engine.begin() as c:
-            c.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-        engine.dispose()
-
-
 def _run(cat: Any, how: str, with_rule: bool) -> tuple[Any, Any]:
     spec = load_text(binding(how), "lines.yaml")[0]
     rules = (
@@ -174,14 +155,13 @@ def test_suppliers_read_after_their_lines_keep_duckdbs_answer(variant: str, how:
 @pytest.mark.parametrize("variant,how", [("plain", "inner"), ("nulls", "inner")])
 def test_suppliers_on_postgres_read_after_their_lines(pg_url: str, variant: str, how: str) -> None:
     t = tables(variant)
-    gen = _pg_source(pg_url, t["s"], f"rfk_s_{variant}")
-    suppliers = next(gen)
-    try:
+    name = f"rfk_s_{variant}"
+    ddl = f"CREATE TABLE {name} (sk BIGINT, nk BIGINT, name VARCHAR(16))"
+    rows = t["s"].to_pylist()
+    with sql_source(pg_url, "postgres", name, ddl, rows, (f"ANALYZE {name}",)) as suppliers:
         cat = world.catalog(
             world.make_tables(),
             **{k: MemorySource(f"memory://t/{k}", v) for k, v in t.items() if k != "s"},
             s=suppliers,
         )
         _check(cat, t, variant, how)
-    finally:
-        gen.close()

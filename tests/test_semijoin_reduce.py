@@ -25,16 +25,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import sqlalchemy as sa
 from fixtures.optimizer import world
 
 import fabric.optimizer as opt
 from connectors.memory import MemorySource
-from connectors.sql import SqlConnection
 from dsl.loader import load_text
 from fabric.execute import execute
 from fabric.physical import plan as physical_plan
 from fabric.plan.builder import build
+from tests.servers import sql_source
 
 N_ORDERS, N_LINES, N_CUST, N_SUPP = 20000, 12000, 2000, 400
 
@@ -124,24 +123,11 @@ def tables(kind: str, variant: str, seed: int = 11) -> dict[str, pa.Table]:
 
 
 def _sql_source(url: str, kind: str, name: str, t: pa.Table, key_sql: str) -> Iterator[Any]:
-    engine = sa.create_engine(url)
-    with engine.begin() as c:
-        c.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-        c.exec_driver_sql(f"CREATE TABLE {name} (id BIGINT PRIMARY KEY, ok {key_sql}, ck BIGINT)")
-        c.execute(sa.text(f"INSERT INTO {name} VALUES (:id, :ok, :ck)"), t.to_pylist())
-        c.exec_driver_sql(f"CREATE INDEX {name}_ck ON {name} (ck)")
-        c.exec_driver_sql(f"CREATE INDEX {name}_ok ON {name} (ok)")
-    if kind == "postgres":
-        with engine.begin() as c:
-            c.exec_driver_sql(f"ANALYZE {name}")
-    conn = SqlConnection("db", {"kind": kind, "url": url})
-    try:
-        yield conn.source(name)
-    finally:
-        conn.close()
-        with engine.begin() as c:
-            c.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-        engine.dispose()
+    ddl = f"CREATE TABLE {name} (id BIGINT PRIMARY KEY, ok {key_sql}, ck BIGINT)"
+    after = (f"CREATE INDEX {name}_ck ON {name} (ck)", f"CREATE INDEX {name}_ok ON {name} (ok)")
+    after += (f"ANALYZE {name}",) if kind == "postgres" else ()
+    with sql_source(url, kind, name, ddl, t.to_pylist(), after) as source:
+        yield source
 
 
 def _run(cat: Any, how: str, with_rule: bool) -> tuple[Any, Any]:
